@@ -1,0 +1,41 @@
+/* attn.c: the small shared pieces of the stage contract (FLOP count, dtype names, support). */
+#include "attn.h"
+#include <stdio.h>
+#include <string.h>
+
+double attn_flops(const struct shape *sh, int backward)
+{
+    double f = 4.0 * sh->B * sh->H * (double)sh->N * sh->N * sh->d;
+    if (sh->causal) f /= 2;
+    return backward ? 2.5 * f : f;
+}
+
+const char *dtype_name(enum dtype dt)
+{
+    switch (dt) {
+    case DT_F32: return "fp32";
+    case DT_F16: return "fp16";
+    case DT_BF16: return "bf16";
+    }
+    return "?";
+}
+
+size_t dtype_size(enum dtype dt) { return dt == DT_F32 ? 4 : 2; }
+
+int stage_supports(const struct stage *st, const struct shape *sh, enum dtype dt, char *why, size_t n)
+{
+    if (!(st->dtypes & dt)) {
+        int k = snprintf(why, n, "%s does not support dtype %s; it supports:", st->name, dtype_name(dt));
+        for (unsigned bit = DT_F32; bit <= DT_BF16; bit <<= 1)
+            if ((st->dtypes & bit) && k > 0 && (size_t)k < n)
+                k += snprintf(why + k, n - k, " %s", dtype_name((enum dtype)bit));
+        return 0;
+    }
+    if (st->dims[0] == 0) return 1;
+    for (int k = 0; k < 8 && st->dims[k]; k++)
+        if (st->dims[k] == sh->d) return 1;
+    int k = snprintf(why, n, "%s does not support head dim %d; it supports:", st->name, sh->d);
+    for (int j = 0; j < 8 && st->dims[j] && k > 0 && (size_t)k < n; j++)
+        k += snprintf(why + k, n - k, " %d", st->dims[j]);
+    return 0;
+}

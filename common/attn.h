@@ -1,0 +1,87 @@
+/* attn.h: the contract between a stage and the harness.
+ *
+ * A stage file defines its kernels (or CPU loops) and one `struct stage` descriptor. It has no
+ * main(); common/main.c runs any descriptor, and the tests link every stage at once, so every
+ * symbol a stage defines carries its own prefix (stage4_...).
+ *
+ * Tensors are [B, H, N, d], contiguous and row-major. The forward returns O (same dtype as the
+ * inputs) and the row logsumexp L (fp32, [B, H, N]), which the backward needs.
+ */
+#ifndef ATTN_H
+#define ATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CEIL_DIV(a, b) (((a) + (b) - 1) / (b))
+
+enum dtype { DT_F32 = 1, DT_F16 = 2, DT_BF16 = 4 };
+enum device_kind { ON_CPU, ON_GPU };
+
+struct shape {
+    int B, H, N, d;  /* batch, heads, sequence length (any N >= 1), head dim */
+    int causal;      /* query i sees keys 0..i */
+    float scale;     /* softmax scale, 1/sqrt(d) unless set */
+};
+
+/* One call's tensors. For a CPU stage the pointers are host memory in fp32; for a GPU stage they
+ * are device memory in `dtype` (O too), L is always fp32. `work` is `workspace_bytes` of scratch
+ * the harness allocated for the stage (device memory for a GPU stage), or NULL if it asked none. */
+struct attn_args {
+    struct shape sh;
+    enum dtype dtype;
+    const void *Q, *K, *V;
+    void *O;
+    float *L;
+    const void *dO;          /* backward only: incoming gradient of O */
+    void *dQ, *dK, *dV;      /* backward only: outputs */
+    void *work;
+};
+
+/* Returns 0 on success; otherwise writes a one-line reason into `why` (size `n`) and returns
+ * nonzero. A stage checks what it supports here before it launches anything. */
+typedef int (*attn_fn)(const struct attn_args *a, char *why, size_t n);
+
+struct stage {
+    const char *name;        /* "stage4" */
+    const char *idea;        /* one line: what this stage adds */
+    enum device_kind device;
+    attn_fn forward;
+    attn_fn backward;        /* NULL where the stage has none */
+    int dims[8];             /* supported head dims, 0-terminated; dims[0] == 0 means any d >= 1 */
+    unsigned dtypes;         /* mask of enum dtype */
+    /* Scratch the stage needs beside its inputs and outputs (GPU stages; may be NULL). */
+    size_t (*workspace_bytes)(const struct shape *sh);
+    int openmp;              /* CPU stages: 1 if it spreads work over OpenMP threads */
+};
+
+/* FLOPs as the FA2 paper counts them: 4*B*H*N^2*d for the forward, halved when causal;
+ * the backward is 2.5x the forward. */
+double attn_flops(const struct shape *sh, int backward);
+
+/* Does `st` support this head dim and dtype? If not, writes what it does support into `why`. */
+int stage_supports(const struct stage *st, const struct shape *sh, enum dtype dt, char *why, size_t n);
+
+const char *dtype_name(enum dtype dt);
+size_t dtype_size(enum dtype dt);
+
+/* Index of element (b, h, i, c) in a [B, H, N, d] tensor, and of row (b, h, i) in [B, H, N]. */
+static inline size_t idx4(const struct shape *sh, int b, int h, int i, int c)
+{
+    return (((size_t)b * sh->H + h) * sh->N + i) * sh->d + c;
+}
+static inline size_t idx3(const struct shape *sh, int b, int h, int i)
+{
+    return ((size_t)b * sh->H + h) * sh->N + i;
+}
+static inline size_t shape_elems(const struct shape *sh) { return (size_t)sh->B * sh->H * sh->N * sh->d; }
+static inline size_t shape_rows(const struct shape *sh) { return (size_t)sh->B * sh->H * sh->N; }
+
+#ifdef __cplusplus
+}
+#endif
+#endif

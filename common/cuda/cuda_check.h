@@ -1,0 +1,33 @@
+/* cuda_check.h: every CUDA call checked. CUDA_CHECK(call) prints file, line, the call and the
+ * error and exits; LAUNCH_CHECK() does the same for the last kernel launch. Inside a stage's
+ * launcher, where an error must come back as a message instead of an exit, use CUDA_TRY. */
+#ifndef CUDA_CHECK_H
+#define CUDA_CHECK_H
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#define CUDA_CHECK(call)                                                                      \
+    do {                                                                                      \
+        cudaError_t err_ = (call);                                                            \
+        if (err_ != cudaSuccess) {                                                            \
+            fprintf(stderr, "%s:%d: CUDA error in %s: %s\n", __FILE__, __LINE__, #call,       \
+                    cudaGetErrorString(err_));                                                \
+            exit(1);                                                                          \
+        }                                                                                     \
+    } while (0)
+
+#define LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
+
+/* In a function with (char *why, size_t n) that returns int: on error, say where and return 1. */
+#define CUDA_TRY(call)                                                                        \
+    do {                                                                                      \
+        cudaError_t err_ = (call);                                                            \
+        if (err_ != cudaSuccess) {                                                            \
+            snprintf(why, n, "%s:%d: CUDA error in %s: %s", __FILE__, __LINE__, #call,        \
+                     cudaGetErrorString(err_));                                               \
+            return 1;                                                                         \
+        }                                                                                     \
+    } while (0)
+
+#endif

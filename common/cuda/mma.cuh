@@ -1,0 +1,144 @@
+/* mma.cuh: the only inline PTX in the project. Tensor-core mma.sync, ldmatrix, cp.async and
+ * the small conversions around them, each as a named helper (sm_80 and newer).
+ *
+ * Fragment layouts follow the PTX ISA ("Matrix Fragments for mma.m16n8k16"). Within a warp,
+ *   lane = threadIdx.x % 32,  g = groupID = lane >> 2 (0..7),  t = tid_in_group = lane & 3 (0..3).
+ * A 32-bit register holding two 16-bit elements keeps the lower-indexed one in its low half.
+ */
+#ifndef MMA_CUH
+#define MMA_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+/* ---- mma.sync m16n8k16: D = A * B + C, 16-bit inputs, fp32 accumulate ----
+ *
+ * A is 16x16 (row-major, "row"), B is 16x8 (K x N, "col"), C/D are 16x8 fp32.
+ *   a[0] = A[g    ][2t, 2t+1]     a[1] = A[g + 8][2t, 2t+1]
+ *   a[2] = A[g    ][2t+8, 2t+9]   a[3] = A[g + 8][2t+8, 2t+9]
+ *   b[0] = B[2t, 2t+1  ][g]       b[1] = B[2t+8, 2t+9][g]       (two k rows of column g)
+ *   c[0], c[1] = C[g    ][2t], C[g    ][2t+1]
+ *   c[2], c[3] = C[g + 8][2t], C[g + 8][2t+1]
+ * Note that the C layout of two adjacent n8 tiles (columns 0-7 and 8-15) is exactly the A layout
+ * of one k16 tile: pack (c[0],c[1]) of tile 0 -> a[0], (c[2],c[3]) of tile 0 -> a[1],
+ * (c[0],c[1]) of tile 1 -> a[2], (c[2],c[3]) of tile 1 -> a[3]. That is how P stays in registers. */
+static __device__ __forceinline__ void mma_m16n8k16_f16(float c[4], const uint32_t a[4], const uint32_t b[2])
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+/* Same layouts, bf16 inputs. */
+static __device__ __forceinline__ void mma_m16n8k16_bf16(float c[4], const uint32_t a[4], const uint32_t b[2])
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+/* ---- ldmatrix: 8x8 tiles of 16-bit elements from shared memory into fragments ----
+ *
+ * Each lane passes the address of one 16-byte row (8 elements, 16-byte aligned):
+ *   lanes 0-7 give rows 0-7 of matrix 0, lanes 8-15 of matrix 1, lanes 16-23 of matrix 2,
+ *   lanes 24-31 of matrix 3 (x2: only lanes 0-15 are read, matrices 0 and 1).
+ * Without .trans, r[k] = M_k[g][2t, 2t+1]    (row g of matrix k, the layout of a[] and c[]).
+ * With    .trans, r[k] = M_k[2t, 2t+1][g]    (column g: the layout of b[] when M_k is stored
+ *                                             k-major, e.g. V stored [key][dim]). */
+static __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *smem)
+{
+    unsigned addr = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+
+static __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void *smem)
+{
+    unsigned addr = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+
+static __device__ __forceinline__ void ldmatrix_x2(uint32_t r[2], const void *smem)
+{
+    unsigned addr = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"(addr)
+                 : "memory");
+}
+
+static __device__ __forceinline__ void ldmatrix_x2_trans(uint32_t r[2], const void *smem)
+{
+    unsigned addr = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"(addr)
+                 : "memory");
+}
+
+/* ---- cp.async: global -> shared copies that bypass registers (and L1, .cg) ----
+ *
+ * Each thread copies its own 16 bytes; both addresses 16-byte aligned. The copies of one thread
+ * form a group at cp_async_commit(); cp_async_wait<N>() waits until at most N of that thread's
+ * groups are still in flight. Other threads' copies are visible only after a __syncthreads()
+ * that follows their wait. */
+static __device__ __forceinline__ void cp_async_16(void *smem, const void *gmem)
+{
+    unsigned addr = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(addr), "l"(gmem) : "memory");
+}
+
+/* Tail variant: when !valid, reads 0 bytes (src-size 0) and writes 16 zero bytes. Pass a gmem
+ * address that is valid anyway (e.g. row 0 of the tensor): the caller never forms a pointer
+ * past the end. */
+static __device__ __forceinline__ void cp_async_16_zfill(void *smem, const void *gmem, bool valid)
+{
+    unsigned addr = (unsigned)__cvta_generic_to_shared(smem);
+    int src_size = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(gmem), "r"(src_size)
+                 : "memory");
+}
+
+static __device__ __forceinline__ void cp_async_commit()
+{
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int N>
+static __device__ __forceinline__ void cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* ---- conversions ---- */
+
+/* Two floats -> one register of two fp16 (lo in the low half: the lower column index). */
+static __device__ __forceinline__ uint32_t pack_half2(float lo, float hi)
+{
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&h);
+}
+
+static __device__ __forceinline__ uint32_t pack_bf162(float lo, float hi)
+{
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&h);
+}
+
+/* 2^x with one MUFU instruction (ex2.approx, flush-to-zero; rel. error ~2^-22). 2^-inf = +0. */
+static __device__ __forceinline__ float exp2_approx(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+#endif

@@ -1,0 +1,249 @@
+/* harness.c: runs any stage descriptor: inputs, the checked run, the timed runs, the report. */
+#include "harness.h"
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* Whole-output checks against stage 1 up to this many multiply-adds in QK^T (stage 1 needs about
+ * half a second for it on one core); larger problems check a sample of rows against the oracle. */
+#define CHECK_WHOLE_MAX_MACS (1ull << 28)
+#define SAMPLE_HEADS 4
+#define SAMPLE_ROWS 32
+
+static void *xmalloc(size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) {
+        fprintf(stderr, "out of host memory (%zu bytes)\n", bytes);
+        exit(EXIT_USAGE);
+    }
+    return p;
+}
+
+static void poison(float *x, size_t n)
+{
+    for (size_t k = 0; k < n; k++) x[k] = NAN; /* an element the stage never writes fails the check */
+}
+
+int run_forward_host(const struct stage *st, const struct shape *sh, enum dtype dt, const float *Q,
+                     const float *K, const float *V, float *O, float *L, char *why, size_t n)
+{
+    if (!stage_supports(st, sh, dt, why, n)) return EXIT_USAGE;
+    if (st->device == ON_GPU) {
+        if (!gpu_forward_host) {
+            snprintf(why, n, "%s: this program was built without CUDA", st->name);
+            return EXIT_NO_DEVICE;
+        }
+        return gpu_forward_host(st, sh, dt, Q, K, V, O, L, why, n);
+    }
+    struct attn_args a = {.sh = *sh, .dtype = dt, .Q = Q, .K = K, .V = V, .O = O, .L = L};
+    return st->forward(&a, why, n) ? EXIT_USAGE : 0;
+}
+
+/* Compare rows [row0, row0 + nrows) of O and L with fp64 references for those rows. */
+static void compare_rows(const struct shape *sh, const float *O, const float *L, size_t row0, size_t nrows,
+                         const double *Oref, const double *Lref, double tolO, double tolL, struct cmp *cO,
+                         struct cmp *cL, int *first)
+{
+    struct cmp o = compare(O + row0 * sh->d, Oref, nrows * sh->d, tolO);
+    struct cmp l = compare(L + row0, Lref, nrows, tolL);
+    o.worst += row0 * sh->d;
+    l.worst += row0;
+    if (*first) { *cO = o; *cL = l; *first = 0; }
+    else { cmp_merge(cO, &o); cmp_merge(cL, &l); }
+}
+
+int check_forward(const struct stage *st, const struct shape *sh, enum dtype dt, const float *Q,
+                  const float *K, const float *V, const float *O, const float *L, double *max_err, FILE *log)
+{
+    size_t n = shape_elems(sh);
+    double qmax = max_abs(Q, n), kmax = max_abs(K, n), vmax = max_abs(V, n);
+    double tolO = tol_output(sh, dt, qmax, kmax, vmax), tolL = tol_lse(sh, dt, qmax, kmax);
+    struct cmp cO, cL;
+    int first = 1;
+    const char *ref;
+    double macs = (double)sh->B * sh->H * sh->N * sh->N * sh->d;
+    if (macs <= (double)CHECK_WHOLE_MAX_MACS) {
+        /* the whole output, against stage 1 (stage 1 itself against the fp64 oracle) */
+        double *Oref = xmalloc(n * sizeof(double)), *Lref = xmalloc(shape_rows(sh) * sizeof(double));
+        if (st == &stage1_desc) {
+            ref = "fp64 oracle";
+            oracle_forward(sh, Q, K, V, Oref, Lref);
+        } else {
+            ref = "stage1";
+            float *O1 = xmalloc(n * sizeof(float)), *L1 = xmalloc(shape_rows(sh) * sizeof(float));
+            char why[256];
+            if (run_forward_host(&stage1_desc, sh, DT_F32, Q, K, V, O1, L1, why, sizeof why)) {
+                fprintf(stderr, "reference failed: %s\n", why);
+                exit(EXIT_CHECK_FAILED);
+            }
+            for (size_t k = 0; k < n; k++) Oref[k] = O1[k];
+            for (size_t k = 0; k < shape_rows(sh); k++) Lref[k] = L1[k];
+            free(O1);
+            free(L1);
+        }
+        compare_rows(sh, O, L, 0, shape_rows(sh), Oref, Lref, tolO, tolL, &cO, &cL, &first);
+        free(Oref);
+        free(Lref);
+    } else {
+        /* a sample: the first and last head plus two more, and in each the first, second, middle
+         * and last rows plus random ones, each against the fp64 oracle row by row */
+        ref = "fp64 oracle, sampled rows";
+        double *o = xmalloc(sh->d * sizeof(double)), lse;
+        uint64_t s = 0x243f6a8885a308d3ull;
+        int nheads = sh->B * sh->H < SAMPLE_HEADS ? sh->B * sh->H : SAMPLE_HEADS;
+        for (int t = 0; t < nheads; t++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            int bh = t == 0 ? 0 : t == 1 ? sh->B * sh->H - 1 : (int)((s >> 33) % (uint64_t)(sh->B * sh->H));
+            int b = bh / sh->H, h = bh % sh->H;
+            for (int r = 0; r < SAMPLE_ROWS && r < sh->N; r++) {
+                s = s * 6364136223846793005ull + 1442695040888963407ull;
+                int i = r == 0 ? 0 : r == 1 ? 1 : r == 2 ? sh->N / 2 : r == 3 ? sh->N - 1 : (int)((s >> 33) % (uint64_t)sh->N);
+                oracle_forward_row(sh, Q, K, V, b, h, i, o, &lse);
+                compare_rows(sh, O, L, idx3(sh, b, h, i), 1, o, &lse, tolO, tolL, &cO, &cL, &first);
+            }
+        }
+        free(o);
+    }
+    *max_err = cO.max_err;
+    int pass = cO.pass && cL.pass;
+    if (!pass && log) {
+        fprintf(log, "check against %s failed (rule in common/check.c)\n", ref);
+        cmp_print(log, "O", &cO, sh, 0);
+        cmp_print(log, "L", &cL, sh, 1);
+    }
+    return pass;
+}
+
+/* --load DIR: q.npy, k.npy and v.npy of one shape, which then replaces the command line's. */
+static int load_inputs(const struct opts *o, struct shape *sh, float **Q, float **K, float **V)
+{
+    const char *names[3] = {"q.npy", "k.npy", "v.npy"};
+    float **dst[3] = {Q, K, V};
+    int dims[3][4];
+    char path[4096], why[512];
+    for (int t = 0; t < 3; t++) {
+        snprintf(path, sizeof path, "%s/%s", o->load_dir, names[t]);
+        *dst[t] = npy_read4(path, dims[t], why, sizeof why);
+        if (!*dst[t]) {
+            fprintf(stderr, "--load: %s\n", why);
+            return EXIT_USAGE;
+        }
+        if (t && memcmp(dims[t], dims[0], sizeof dims[0])) {
+            fprintf(stderr, "--load: %s is [%d, %d, %d, %d] but q.npy is [%d, %d, %d, %d]\n", names[t], dims[t][0],
+                    dims[t][1], dims[t][2], dims[t][3], dims[0][0], dims[0][1], dims[0][2], dims[0][3]);
+            return EXIT_USAGE;
+        }
+    }
+    sh->B = dims[0][0], sh->H = dims[0][1], sh->N = dims[0][2], sh->d = dims[0][3];
+    if (!o->softmax_scale_set) sh->scale = 1.0f / sqrtf((float)sh->d);
+    return 0;
+}
+
+static int save_outputs(const char *dir, const struct shape *sh, const float *Q, const float *K, const float *V,
+                        const float *O, const float *L)
+{
+    if (mkdir(dir, 0777) && errno != EEXIST) {
+        fprintf(stderr, "--save: cannot create %s\n", dir);
+        return 1;
+    }
+    int dims[4] = {sh->B, sh->H, sh->N, sh->d};
+    const char *names[5] = {"q.npy", "k.npy", "v.npy", "o.npy", "lse.npy"};
+    const float *src[5] = {Q, K, V, O, L};
+    char path[4096];
+    for (int t = 0; t < 5; t++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[t]);
+        if (npy_write_f32(path, src[t], dims, t == 4 ? 3 : 4)) {
+            fprintf(stderr, "--save: cannot write %s\n", path);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* CPU stages: one checked run (also the first warm-up), the rest of the warm-up, the timed runs. */
+static int cpu_run_stage(const struct stage *st, const struct opts *o, const float *Q, const float *K,
+                         const float *V, float *O, float *L, struct result *r)
+{
+    char why[256];
+    struct attn_args a = {.sh = o->sh, .dtype = o->dtype, .Q = Q, .K = K, .V = V, .O = O, .L = L};
+    poison(O, shape_elems(&o->sh));
+    poison(L, shape_rows(&o->sh));
+    mem_reset_peak();
+    if (st->forward(&a, why, sizeof why)) {
+        fprintf(stderr, "%s\n", why);
+        return EXIT_USAGE;
+    }
+    r->extra_bytes = mem_peak_bytes();
+    for (int w = 1; w < o->warmup; w++) st->forward(&a, why, sizeof why);
+    double *t = xmalloc(sizeof(double) * o->iters);
+    for (int it = 0; it < o->iters; it++) {
+        double t0 = now_ms();
+        st->forward(&a, why, sizeof why);
+        t[it] = now_ms() - t0;
+    }
+    r->ms_median = median_min(t, o->iters, &r->ms_min);
+    free(t);
+    snprintf(r->gpu, sizeof r->gpu, "cpu");
+#ifdef _OPENMP
+    r->threads = st->openmp ? omp_get_max_threads() : 1;
+#else
+    r->threads = 1;
+#endif
+    return 0;
+}
+
+int harness_main(const struct stage *st, int argc, char **argv)
+{
+    struct opts o;
+    int done, rc = parse_opts(st, argc, argv, &o, &done);
+    if (rc || done) return rc;
+    float *Q = NULL, *K = NULL, *V = NULL;
+    if (o.load_dir && (rc = load_inputs(&o, &o.sh, &Q, &K, &V))) return rc;
+    char why[512];
+    if (!stage_supports(st, &o.sh, o.dtype, why, sizeof why)) {
+        fprintf(stderr, "%s\n", why);
+        return EXIT_USAGE;
+    }
+    if (st->device == ON_GPU) {
+        if (!gpu_run_stage) {
+            fprintf(stderr, "%s: this program was built without CUDA\n", st->name);
+            return EXIT_NO_DEVICE;
+        }
+        if (gpu_available(why, sizeof why)) {
+            fprintf(stderr, "%s: %s\n", st->name, why);
+            return EXIT_NO_DEVICE;
+        }
+    }
+    size_t n = shape_elems(&o.sh), rows = shape_rows(&o.sh);
+    if (o.load_dir) { /* the stage computes in its dtype: round what was loaded to it */
+        float *t[3] = {Q, K, V};
+        for (int j = 0; j < 3; j++) fill_rounded(t[j], n, o.dtype);
+    } else {
+        Q = xmalloc(n * sizeof(float)), K = xmalloc(n * sizeof(float)), V = xmalloc(n * sizeof(float));
+        make_inputs(&o.sh, o.seed, o.input_scale, o.dtype, Q, K, V);
+    }
+    float *O = xmalloc(n * sizeof(float)), *L = xmalloc(rows * sizeof(float));
+    struct result r = {.st = st, .sh = o.sh, .dtype = o.dtype, .direction = "fwd", .max_err = -1, .check = "skip"};
+    rc = st->device == ON_GPU ? gpu_run_stage(st, &o, Q, K, V, O, L, &r) : cpu_run_stage(st, &o, Q, K, V, O, L, &r);
+    if (rc) return rc;
+    int pass = 1;
+    if (o.check) {
+        pass = check_forward(st, &o.sh, o.dtype, Q, K, V, O, L, &r.max_err, stderr);
+        r.check = pass ? "pass" : "fail";
+    }
+    if (o.csv) {
+        if (!o.csv_no_header) print_csv_header(stdout);
+        print_csv_row(stdout, &r);
+    } else {
+        print_summary(stdout, &r);
+    }
+    if (o.save_dir && save_outputs(o.save_dir, &o.sh, Q, K, V, O, L)) return EXIT_USAGE;
+    free(Q), free(K), free(V), free(O), free(L);
+    return pass ? EXIT_PASS : EXIT_CHECK_FAILED;
+}

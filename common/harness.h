@@ -1,0 +1,144 @@
+/* harness.h: everything that is not a lesson. Options, inputs, the fp64 oracle, checks,
+ * timing, reporting, npy I/O and the tracked scratch allocator. Stages include attn.h (and
+ * mem.h on the CPU); the harness main, the GPU runner and the tests include this. */
+#ifndef HARNESS_H
+#define HARNESS_H
+
+#include "attn.h"
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Exit codes shared by every stage binary. */
+enum { EXIT_PASS = 0, EXIT_CHECK_FAILED = 1, EXIT_USAGE = 2, EXIT_NO_DEVICE = 3 };
+
+/* ---- options (cli.c) ---- */
+struct opts {
+    struct shape sh;
+    enum dtype dtype;
+    uint64_t seed;
+    float input_scale;    /* inputs drawn from [-input_scale, input_scale] */
+    int warmup, iters;
+    int check;            /* 0 with --no-check */
+    int csv;              /* print the CSV header and one row instead of the summary */
+    int csv_no_header;    /* --csv-row: the row alone (the benchmark appends many) */
+    int flush_l2;         /* GPU: overwrite L2 before each timed run */
+    int softmax_scale_set;/* --softmax-scale given (else 1/sqrt(d), recomputed when --load sets d) */
+    const char *load_dir, *save_dir;
+};
+/* Fills `o` from argv with the defaults for `st`. Returns 0, or EXIT_USAGE after printing a
+ * one-line reason (or EXIT_PASS with help printed: *done is set). */
+int parse_opts(const struct stage *st, int argc, char **argv, struct opts *o, int *done);
+
+/* ---- inputs (inputs.c) ---- */
+/* Q, K, V as fp32, each value exactly representable in `dt` (and in fp16), drawn from a seeded
+ * generator: the same seed gives the same inputs on every machine. */
+void make_inputs(const struct shape *sh, uint64_t seed, float amplitude, enum dtype dt,
+                 float *Q, float *K, float *V);
+void fill_uniform(float *x, size_t n, uint64_t seed, float amplitude, enum dtype dt);
+/* Round loaded values in place to what `dt` can hold (fp32: unchanged). */
+void fill_rounded(float *x, size_t n, enum dtype dt);
+
+/* ---- the fp64 oracle (oracle.c) ---- */
+/* Forward for one query row (b, h, i): o[d] and the logsumexp. */
+void oracle_forward_row(const struct shape *sh, const float *Q, const float *K, const float *V,
+                        int b, int h, int i, double *o, double *lse);
+void oracle_forward(const struct shape *sh, const float *Q, const float *K, const float *V,
+                    double *O, double *L);
+/* Backward of the loss sum(dO * O) with respect to Q, K, V, all in fp64. */
+void oracle_backward(const struct shape *sh, const float *Q, const float *K, const float *V,
+                     const float *dO, double *dQ, double *dK, double *dV);
+
+/* ---- checks (check.c) ---- */
+struct cmp {
+    double max_err;       /* max |got - want| */
+    double mean_err;
+    double tol;           /* the allowed |got - want| */
+    size_t worst;         /* index of the worst element (a nonfinite one first) */
+    double got, want;     /* at the worst element */
+    size_t nonfinite;     /* NaN or Inf in got: always a failure */
+    size_t count;
+    int pass;
+};
+/* Compare n values of got (fp32) with want (fp64). */
+struct cmp compare(const float *got, const double *want, size_t n, double tol);
+/* Fold b into a: worst of both, counts added. */
+void cmp_merge(struct cmp *a, const struct cmp *b);
+/* Print "what: FAIL worst [b,h,i,c] got .. want .. | max_err .. mean .. tol .. nonfinite .." */
+void cmp_print(FILE *f, const char *what, const struct cmp *c, const struct shape *sh, int is_rows);
+
+/* The allowed error of O and L for a stage computing in `dt` on these inputs; the rule and its
+ * reasoning are written beside the definition in check.c. */
+double tol_output(const struct shape *sh, enum dtype dt, double qmax, double kmax, double vmax);
+double tol_lse(const struct shape *sh, enum dtype dt, double qmax, double kmax);
+double max_abs(const float *x, size_t n);
+
+/* ---- timing (timing.c) ---- */
+double now_ms(void);
+/* Sorts t[0..n) and returns the median; *min gets the smallest. */
+double median_min(double *t, int n, double *min);
+
+/* ---- npy (npy.c) ---- */
+/* Reads a 4-D float32 or float16 array into a fresh fp32 buffer; dims in dims[4]. Returns NULL
+ * and a one-line reason in `why` on any problem (missing file, bad header, wrong dtype/rank). */
+float *npy_read4(const char *path, int dims[4], char *why, size_t n);
+int npy_write_f32(const char *path, const float *x, const int *dims, int ndim);
+
+/* ---- the tracked scratch allocator (mem.c; the declarations live in mem.h) ---- */
+size_t mem_peak_bytes(void);
+void mem_reset_peak(void);
+
+/* ---- report (report.c) ---- */
+struct result {
+    const struct stage *st;
+    struct shape sh;
+    enum dtype dtype;
+    const char *direction;    /* "fwd" or "bwd" */
+    char gpu[64];             /* "h200"; "cpu" for a CPU stage */
+    char device_name[128];    /* what --help and the summary show */
+    double ms_median, ms_min;
+    double max_err;           /* vs the reference; negative when not checked */
+    const char *check;        /* "pass", "fail" or "skip" */
+    size_t extra_bytes;       /* peak scratch the stage used beyond its inputs and outputs */
+    int threads;              /* CPU stages: OpenMP threads */
+};
+void print_summary(FILE *f, const struct result *r);
+void print_csv_header(FILE *f);
+void print_csv_row(FILE *f, const struct result *r);
+const char *build_commit(void);
+
+/* ---- running a stage (harness.c) ---- */
+/* Run `st`'s forward on host fp32 inputs, whatever device it runs on: GPU stages get their
+ * inputs converted to the stage's dtype and copied over, and O back as fp32. Returns 0, or
+ * EXIT_USAGE (unsupported shape) / EXIT_NO_DEVICE with a reason in `why`. */
+int run_forward_host(const struct stage *st, const struct shape *sh, enum dtype dt,
+                     const float *Q, const float *K, const float *V, float *O, float *L,
+                     char *why, size_t n);
+/* Check O and L of a run against the reference: stage 1 on the whole output when the problem is
+ * small, the fp64 oracle on a sample of heads and rows otherwise. Prints a FAIL line with the
+ * worst element when it fails. Returns 1 when it passes; *max_err gets O's largest error. */
+int check_forward(const struct stage *st, const struct shape *sh, enum dtype dt, const float *Q,
+                  const float *K, const float *V, const float *O, const float *L, double *max_err,
+                  FILE *log);
+int harness_main(const struct stage *st, int argc, char **argv);
+
+/* The GPU half, in common/cuda/runner.cu. Weak here so that CPU-only binaries link without it. */
+int gpu_run_stage(const struct stage *st, const struct opts *o, const float *Q, const float *K,
+                  const float *V, float *O, float *L, struct result *r) __attribute__((weak));
+int gpu_forward_host(const struct stage *st, const struct shape *sh, enum dtype dt,
+                     const float *Q, const float *K, const float *V, float *O, float *L,
+                     char *why, size_t n) __attribute__((weak));
+/* 0 when a usable CUDA device (sm_80 or newer) is present; else a reason in `why`. */
+int gpu_available(char *why, size_t n) __attribute__((weak));
+
+/* Every stage the build knows about, in order (generated from the Makefile's list). */
+extern const struct stage *const all_stages[];
+extern const int n_all_stages;
+extern const struct stage stage1_desc;
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,59 @@
+/* report.c: the one summary line a human reads, and the CSV row the plots are drawn from. */
+#include "harness.h"
+#include <stdlib.h>
+
+#ifndef COMMIT
+#define COMMIT "unknown"
+#endif
+
+const char *build_commit(void)
+{
+    const char *c = getenv("FA_COMMIT"); /* the benchmark may name the commit it measures */
+    return c && *c ? c : COMMIT;
+}
+
+static void human_bytes(char *buf, size_t n, size_t bytes)
+{
+    if (bytes < 1024) snprintf(buf, n, "%zu B", bytes);
+    else if (bytes < (1u << 20)) snprintf(buf, n, "%.1f KiB", bytes / 1024.0);
+    else if (bytes < (1u << 30)) snprintf(buf, n, "%.1f MiB", bytes / 1048576.0);
+    else snprintf(buf, n, "%.2f GiB", bytes / 1073741824.0);
+}
+
+static double tflops(const struct result *r)
+{
+    return attn_flops(&r->sh, r->direction[0] == 'b') / (r->ms_median * 1e-3) / 1e12;
+}
+
+void print_summary(FILE *f, const struct result *r)
+{
+    char extra[32], err[32];
+    human_bytes(extra, sizeof extra, r->extra_bytes);
+    if (r->max_err >= 0) snprintf(err, sizeof err, " max_err %.2e", r->max_err);
+    else err[0] = 0;
+    fprintf(f, "%-7s B=%d H=%d N=%d d=%d %s  %s %s | check %s%s | %.3f ms (min %.3f) | ",
+            r->st->name, r->sh.B, r->sh.H, r->sh.N, r->sh.d, r->sh.causal ? "causal" : "full",
+            dtype_name(r->dtype), r->direction, r->check[0] == 'p' ? "PASS" : r->check[0] == 'f' ? "FAIL" : "skipped",
+            err, r->ms_median, r->ms_min);
+    if (r->st->device == ON_GPU)
+        fprintf(f, "%.1f TFLOP/s | extra %s | %s\n", tflops(r), extra, r->device_name);
+    else
+        fprintf(f, "%.2f GFLOP/s | extra %s | %d thread%s\n", tflops(r) * 1e3, extra, r->threads,
+                r->threads == 1 ? "" : "s");
+}
+
+void print_csv_header(FILE *f)
+{
+    fprintf(f, "stage,direction,gpu,dtype,batch,heads,seqlen,dim,causal,ms_median,ms_min,tflops,"
+               "max_err,check,commit,extra_bytes,threads\n");
+}
+
+void print_csv_row(FILE *f, const struct result *r)
+{
+    char err[32] = "";
+    if (r->max_err >= 0) snprintf(err, sizeof err, "%.3e", r->max_err);
+    fprintf(f, "%s,%s,%s,%s,%d,%d,%d,%d,%d,%.4f,%.4f,%.3f,%s,%s,%s,%zu,%d\n", r->st->name,
+            r->direction, r->gpu, dtype_name(r->dtype), r->sh.B, r->sh.H, r->sh.N, r->sh.d,
+            r->sh.causal, r->ms_median, r->ms_min, tflops(r), err, r->check, build_commit(),
+            r->extra_bytes, r->threads);
+}
