@@ -97,7 +97,7 @@ struct result {
     enum dtype dtype;
     const char *direction;    /* "fwd" or "bwd" */
     char gpu[64];             /* "h200"; "cpu" for a CPU stage */
-    char device_name[128];    /* what --help and the summary show */
+    char device_name[256];    /* the device's name, shown in the summary */
     double ms_median, ms_min;
     double max_err;           /* vs the reference; negative when not checked */
     const char *check;        /* "pass", "fail" or "skip" */

@@ -1,0 +1,26 @@
+/* gpu.h: the GPU plumbing the runner and the stages share: the device query and device buffers. */
+#ifndef GPU_H
+#define GPU_H
+#include "common/cuda/cuda_check.h"
+#include <stddef.h>
+
+struct gpu_info {
+    char name[256];
+    char slug[64];       /* "h200": the name the benchmark's CSV file and column use */
+    int major, minor;    /* compute capability */
+    int sms;             /* streaming multiprocessors */
+    int smem_optin;      /* the most dynamic shared memory one block may ask for, in bytes */
+    int l2_bytes;
+};
+/* The current device's properties (exits with a message if there is none). */
+struct gpu_info gpu_query(void);
+
+/* A device allocation that knows its size. */
+struct dbuf {
+    void *p;
+    size_t bytes;
+};
+struct dbuf dbuf_alloc(size_t bytes);
+void dbuf_free(struct dbuf *b);
+
+#endif

@@ -1,0 +1,194 @@
+/* runner.cu: the GPU half of the harness. Inputs to the device in the stage's dtype, the output
+ * poisoned, one checked run, the warm-up, then the timed runs between CUDA events; the stage's
+ * forward itself only launches kernels. Also the device query and device buffers (gpu.h). */
+#include "common/cuda/gpu.h"
+#include "common/half.h"
+#include "common/harness.h"
+#include <ctype.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+
+/* ---- device query and buffers ---- */
+
+struct gpu_info gpu_query(void)
+{
+    struct gpu_info g;
+    memset(&g, 0, sizeof g);
+    int dev;
+    cudaDeviceProp p;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
+    snprintf(g.name, sizeof g.name, "%s", p.name);
+    g.major = p.major, g.minor = p.minor, g.sms = p.multiProcessorCount, g.l2_bytes = p.l2CacheSize;
+    CUDA_CHECK(cudaDeviceGetAttribute(&g.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    /* slug: lower case, the vendor words dropped, anything else that is not a letter or digit a '-' */
+    const char *s = p.name;
+    for (const char *drop : {"NVIDIA ", "GeForce ", "Tesla "})
+        if (!strncmp(s, drop, strlen(drop))) s += strlen(drop);
+    size_t k = 0;
+    for (; *s && k + 1 < sizeof g.slug; s++)
+        g.slug[k++] = isalnum((unsigned char)*s) ? (char)tolower((unsigned char)*s) : '-';
+    while (k && g.slug[k - 1] == '-') k--;
+    g.slug[k] = 0;
+    return g;
+}
+
+struct dbuf dbuf_alloc(size_t bytes)
+{
+    struct dbuf b = {NULL, bytes};
+    if (bytes) CUDA_CHECK(cudaMalloc(&b.p, bytes));
+    return b;
+}
+
+void dbuf_free(struct dbuf *b)
+{
+    if (b->p) CUDA_CHECK(cudaFree(b->p));
+    b->p = NULL;
+    b->bytes = 0;
+}
+
+extern "C" int gpu_available(char *why, size_t n)
+{
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count == 0) {
+        snprintf(why, n, "no CUDA device found (%s)", err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
+        return 1;
+    }
+    cudaDeviceProp p;
+    CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
+    if (p.major < 8) {
+        snprintf(why, n, "%s is sm_%d%d; the GPU stages need sm_80 or newer (mma.sync, cp.async)", p.name, p.major,
+                 p.minor);
+        return 1;
+    }
+    return 0;
+}
+
+/* ---- one problem on the device ---- */
+
+/* Q, K, V converted to the stage's dtype on the host and copied over; O, L and the stage's
+ * workspace allocated. Everything a forward call needs, allocated before any timing starts. */
+struct gpu_problem {
+    struct dbuf Q, K, V, O, L, work;
+    struct attn_args args;
+};
+
+static struct dbuf upload(const float *x, size_t n, enum dtype dt)
+{
+    struct dbuf b = dbuf_alloc(n * dtype_size(dt));
+    if (dt == DT_F32) {
+        CUDA_CHECK(cudaMemcpy(b.p, x, n * sizeof(float), cudaMemcpyHostToDevice));
+        return b;
+    }
+    std::vector<uint16_t> h(n);
+    for (size_t k = 0; k < n; k++) h[k] = dt == DT_F16 ? f32_to_f16(x[k]) : f32_to_bf16(x[k]);
+    CUDA_CHECK(cudaMemcpy(b.p, h.data(), n * 2, cudaMemcpyHostToDevice));
+    return b;
+}
+
+static void download(float *x, const struct dbuf *b, size_t n, enum dtype dt)
+{
+    if (dt == DT_F32) {
+        CUDA_CHECK(cudaMemcpy(x, b->p, n * sizeof(float), cudaMemcpyDeviceToHost));
+        return;
+    }
+    std::vector<uint16_t> h(n);
+    CUDA_CHECK(cudaMemcpy(h.data(), b->p, n * 2, cudaMemcpyDeviceToHost));
+    for (size_t k = 0; k < n; k++) x[k] = dt == DT_F16 ? f16_to_f32(h[k]) : bf16_to_f32(h[k]);
+}
+
+static void problem_init(struct gpu_problem *g, const struct stage *st, const struct shape *sh, enum dtype dt,
+                         const float *Q, const float *K, const float *V)
+{
+    size_t n = shape_elems(sh), rows = shape_rows(sh);
+    g->Q = upload(Q, n, dt), g->K = upload(K, n, dt), g->V = upload(V, n, dt);
+    g->O = dbuf_alloc(n * dtype_size(dt));
+    g->L = dbuf_alloc(rows * sizeof(float));
+    g->work = dbuf_alloc(st->workspace_bytes ? st->workspace_bytes(sh) : 0);
+    memset(&g->args, 0, sizeof g->args);
+    g->args.sh = *sh;
+    g->args.dtype = dt;
+    g->args.Q = g->Q.p, g->args.K = g->K.p, g->args.V = g->V.p;
+    g->args.O = g->O.p, g->args.L = (float *)g->L.p, g->args.work = g->work.p;
+}
+
+static void problem_free(struct gpu_problem *g)
+{
+    struct dbuf *all[] = {&g->Q, &g->K, &g->V, &g->O, &g->L, &g->work};
+    for (struct dbuf *b : all) dbuf_free(b);
+}
+
+/* Poison O and L (all bits set: NaN in fp32, fp16 and bf16), run once, and bring O and L back. */
+static int checked_run(const struct stage *st, struct gpu_problem *g, float *O, float *L, char *why, size_t n)
+{
+    CUDA_CHECK(cudaMemset(g->O.p, 0xff, g->O.bytes));
+    CUDA_CHECK(cudaMemset(g->L.p, 0xff, g->L.bytes));
+    if (st->forward(&g->args, why, n)) return EXIT_USAGE;
+    CUDA_CHECK(cudaDeviceSynchronize()); /* errors inside the kernel surface here */
+    download(O, &g->O, shape_elems(&g->args.sh), g->args.dtype);
+    download(L, &g->L, shape_rows(&g->args.sh), DT_F32);
+    return 0;
+}
+
+extern "C" int gpu_forward_host(const struct stage *st, const struct shape *sh, enum dtype dt, const float *Q,
+                                const float *K, const float *V, float *O, float *L, char *why, size_t n)
+{
+    if (gpu_available(why, n)) return EXIT_NO_DEVICE;
+    struct gpu_problem g;
+    problem_init(&g, st, sh, dt, Q, K, V);
+    int rc = checked_run(st, &g, O, L, why, n);
+    problem_free(&g);
+    return rc;
+}
+
+extern "C" int gpu_run_stage(const struct stage *st, const struct opts *o, const float *Q, const float *K,
+                             const float *V, float *O, float *L, struct result *r)
+{
+    char why[512];
+    struct gpu_info info = gpu_query();
+    snprintf(r->gpu, sizeof r->gpu, "%s", info.slug);
+    snprintf(r->device_name, sizeof r->device_name, "%s", info.name);
+    struct gpu_problem g;
+    problem_init(&g, st, &o->sh, o->dtype, Q, K, V);
+    r->extra_bytes = g.work.bytes;
+    int rc = checked_run(st, &g, O, L, why, sizeof why); /* the checked run is the first warm-up */
+    if (rc) {
+        fprintf(stderr, "%s\n", why);
+        problem_free(&g);
+        return rc;
+    }
+    for (int w = 1; w < o->warmup; w++) st->forward(&g.args, why, sizeof why);
+    LAUNCH_CHECK();
+
+    /* --flush-l2: overwrite a buffer twice the L2's size between timed runs, outside the events,
+     * so every run starts with its inputs in HBM rather than in L2 */
+    struct dbuf flush = dbuf_alloc(o->flush_l2 ? 2 * (size_t)info.l2_bytes : 0);
+    std::vector<cudaEvent_t> start(o->iters), stop(o->iters);
+    for (int it = 0; it < o->iters; it++) {
+        CUDA_CHECK(cudaEventCreate(&start[it]));
+        CUDA_CHECK(cudaEventCreate(&stop[it]));
+    }
+    for (int it = 0; it < o->iters; it++) {
+        if (flush.p) CUDA_CHECK(cudaMemsetAsync(flush.p, it & 0xff, flush.bytes));
+        CUDA_CHECK(cudaEventRecord(start[it]));
+        st->forward(&g.args, why, sizeof why);
+        CUDA_CHECK(cudaEventRecord(stop[it]));
+    }
+    LAUNCH_CHECK();
+    CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<double> t(o->iters);
+    for (int it = 0; it < o->iters; it++) {
+        float ms;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, start[it], stop[it]));
+        t[it] = ms;
+        CUDA_CHECK(cudaEventDestroy(start[it]));
+        CUDA_CHECK(cudaEventDestroy(stop[it]));
+    }
+    r->ms_median = median_min(t.data(), o->iters, &r->ms_min);
+    r->threads = 1;
+    dbuf_free(&flush);
+    problem_free(&g);
+    return 0;
+}

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# bench.sh: every GPU stage over the FlashAttention-2 paper's grid, plus PyTorch's
+# scaled_dot_product_attention (flash and cuDNN backends) when python3 with torch is present,
+# in one run, appended to plots/data/<gpu>.csv. Run through `make bench` on a machine with a GPU.
+#
+# The grid: 16k tokens per batch (B = 16384 / N), hidden size 2048 (H = 2048 / d),
+# d in {64, 128}, N in {512 ... 16384}, causal and not, fp16.
+# Environment: STAGES ("stage4 stage5 ..."), SEQLENS, DIMS, WARMUP, ITERS; CAP_stageN=8192 caps
+# a slow stage's N (say why in its note); FA_COMMIT names the commit in the CSV.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STAGES=${STAGES:-stage4}
+SEQLENS=${SEQLENS:-"512 1024 2048 4096 8192 16384"}
+DIMS=${DIMS:-"64 128"}
+WARMUP=${WARMUP:-3}
+ITERS=${ITERS:-10}
+export FA_COMMIT=${FA_COMMIT:-unknown}
+
+rows=$(mktemp)
+trap 'rm -f "$rows"' EXIT
+total=0
+for s in $STAGES; do for d in $DIMS; do for n in $SEQLENS; do for c in 0 1; do total=$((total + 1)); done; done; done; done
+k=0
+failed=0
+for s in $STAGES; do
+  cap_var="CAP_$s"
+  cap=${!cap_var:-0}
+  for d in $DIMS; do for n in $SEQLENS; do for c in 0 1; do
+    k=$((k + 1))
+    label="$s d=$d N=$n $([ $c = 1 ] && echo causal || echo full)"
+    if [ "$cap" -gt 0 ] && [ "$n" -gt "$cap" ]; then
+      echo "[$k/$total] $label ... skipped (N capped at $cap for $s)" >&2
+      continue
+    fi
+    args=(--batch $((16384 / n)) --heads $((2048 / d)) --seqlen "$n" --dim "$d" --warmup "$WARMUP" --iters "$ITERS" --csv-row)
+    [ "$c" = 1 ] && args+=(--causal)
+    if row=$("./$s" "${args[@]}"); then :; else
+      echo "[$k/$total] $label ... FAILED (exit $?)" >&2
+      failed=1
+      [ -n "$row" ] || continue
+    fi
+    echo "$row" >> "$rows"
+    echo "[$k/$total] $label ... $(echo "$row" | cut -d, -f12) TFLOP/s, check $(echo "$row" | cut -d, -f14)" >&2
+  done; done; done
+done
+
+if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+  python3 plots/torch_sdpa.py --seqlens $SEQLENS --dims $DIMS --warmup "$WARMUP" --iters "$ITERS" >> "$rows" || failed=1
+else
+  echo "bench: python3 with CUDA-enabled torch not found: no torch-flash / torch-cudnn rows this run" >&2
+fi
+
+[ -s "$rows" ] || { echo "bench: no results" >&2; exit 1; }
+gpu=$(head -n1 "$rows" | cut -d, -f3)
+out="plots/data/$gpu.csv"
+mkdir -p plots/data
+header="stage,direction,gpu,dtype,batch,heads,seqlen,dim,causal,ms_median,ms_min,tflops,max_err,check,commit,extra_bytes,threads"
+[ -s "$out" ] || echo "$header" > "$out"
+cat "$rows" >> "$out"
+echo "bench: $(wc -l < "$rows") rows appended to $out" >&2
+exit $failed
