@@ -38,7 +38,8 @@ static constexpr int Bc = 64;                            /* keys per K/V tile */
 static constexpr int KEYS_PER_WARP = Bc / NWARPS;        /* 16: one k16 step of mma */
 /* Br = 32 query rows per inner step. Sliced K makes every warp produce a partial O for all Br
  * rows (its keys touch every row): Br x D fp32 per warp, Br * D / 32 registers per thread
- * (128 at D = 128), and NWARPS of them meet in shared memory: 68 KiB at D = 128, 112 KiB in
+ * (128 at D = 128; each of its tiles is a single mma, so the compiler can store them to shared
+ * memory as they finish), and NWARPS of them meet in shared memory: 68 KiB at D = 128, 112 KiB in
  * all with K_j, V_j, Q_i. Br = 64 would double the partials to 190 KiB in all, past the A100's
  * 163 KiB opt-in limit; smaller Br would load K_j, V_j fragments for fewer rows each time. */
 static constexpr int Br = 32;
