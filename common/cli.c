@@ -89,7 +89,7 @@ int parse_opts(const struct stage *st, int argc, char **argv, struct opts *o, in
         if (!strcmp(name, "--no-check")) { o->check = 0; continue; }
         if (!strcmp(name, "--csv")) { o->csv = 1; continue; }
         if (!strcmp(name, "--csv-row")) { o->csv = o->csv_no_header = 1; continue; }
-        if (!strcmp(name, "--flush-l2") && st->device == ON_GPU) { o->flush_l2 = 1; continue; }
+        if (!strcmp(name, "--flush-l2")) { o->flush_l2 = 1; continue; }
         /* options with a value */
         static const char *valued[] = {"--batch", "--heads", "--seqlen", "--dim", "--dtype", "--seed", "--warmup",
                                        "--iters", "--softmax-scale", "--input-scale", "--load", "--save"};

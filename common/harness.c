@@ -132,13 +132,20 @@ static int load_inputs(const struct opts *o, struct shape *sh, float **Q, float 
         *dst[t] = npy_read4(path, dims[t], why, sizeof why);
         if (!*dst[t]) {
             fprintf(stderr, "--load: %s\n", why);
-            return EXIT_USAGE;
+            break;
         }
         if (t && memcmp(dims[t], dims[0], sizeof dims[0])) {
             fprintf(stderr, "--load: %s is [%d, %d, %d, %d] but q.npy is [%d, %d, %d, %d]\n", names[t], dims[t][0],
                     dims[t][1], dims[t][2], dims[t][3], dims[0][0], dims[0][1], dims[0][2], dims[0][3]);
-            return EXIT_USAGE;
+            free(*dst[t]);
+            *dst[t] = NULL;
+            break;
         }
+    }
+    if (!*V) { /* one of them failed: free what was read */
+        free(*Q), free(*K);
+        *Q = *K = NULL;
+        return EXIT_USAGE;
     }
     sh->B = dims[0][0], sh->H = dims[0][1], sh->N = dims[0][2], sh->d = dims[0][3];
     if (!o->softmax_scale_set) sh->scale = 1.0f / sqrtf((float)sh->d);
@@ -206,19 +213,20 @@ int harness_main(const struct stage *st, int argc, char **argv)
     float *Q = NULL, *K = NULL, *V = NULL;
     if (o.load_dir && (rc = load_inputs(&o, &o.sh, &Q, &K, &V))) return rc;
     char why[512];
+    rc = 0;
     if (!stage_supports(st, &o.sh, o.dtype, why, sizeof why)) {
         fprintf(stderr, "%s\n", why);
-        return EXIT_USAGE;
+        rc = EXIT_USAGE;
+    } else if (st->device == ON_GPU && !gpu_run_stage) {
+        fprintf(stderr, "%s: this program was built without CUDA\n", st->name);
+        rc = EXIT_NO_DEVICE;
+    } else if (st->device == ON_GPU && gpu_available(why, sizeof why)) {
+        fprintf(stderr, "%s: %s\n", st->name, why);
+        rc = EXIT_NO_DEVICE;
     }
-    if (st->device == ON_GPU) {
-        if (!gpu_run_stage) {
-            fprintf(stderr, "%s: this program was built without CUDA\n", st->name);
-            return EXIT_NO_DEVICE;
-        }
-        if (gpu_available(why, sizeof why)) {
-            fprintf(stderr, "%s: %s\n", st->name, why);
-            return EXIT_NO_DEVICE;
-        }
+    if (rc) {
+        free(Q), free(K), free(V);
+        return rc;
     }
     size_t n = shape_elems(&o.sh), rows = shape_rows(&o.sh);
     if (o.load_dir) { /* the stage computes in its dtype: round what was loaded to it */
@@ -231,7 +239,10 @@ int harness_main(const struct stage *st, int argc, char **argv)
     float *O = xmalloc(n * sizeof(float)), *L = xmalloc(rows * sizeof(float));
     struct result r = {.st = st, .sh = o.sh, .dtype = o.dtype, .direction = "fwd", .max_err = -1, .check = "skip"};
     rc = st->device == ON_GPU ? gpu_run_stage(st, &o, Q, K, V, O, L, &r) : cpu_run_stage(st, &o, Q, K, V, O, L, &r);
-    if (rc) return rc;
+    if (rc) {
+        free(Q), free(K), free(V), free(O), free(L);
+        return rc;
+    }
     int pass = 1;
     if (o.check) {
         pass = check_forward(st, &o.sh, o.dtype, Q, K, V, O, L, &r.max_err, stderr);
@@ -243,7 +254,7 @@ int harness_main(const struct stage *st, int argc, char **argv)
     } else {
         print_summary(stdout, &r);
     }
-    if (o.save_dir && save_outputs(o.save_dir, &o.sh, Q, K, V, O, L)) return EXIT_USAGE;
+    if (o.save_dir && save_outputs(o.save_dir, &o.sh, Q, K, V, O, L)) rc = EXIT_USAGE;
     free(Q), free(K), free(V), free(O), free(L);
-    return pass ? EXIT_PASS : EXIT_CHECK_FAILED;
+    return rc ? rc : pass ? EXIT_PASS : EXIT_CHECK_FAILED;
 }

@@ -44,7 +44,9 @@ float *npy_read4(const char *path, int dims[4], char *why, size_t n)
     while (*descr == ' ') descr++;
     int is_f4 = !strncmp(descr, "'<f4'", 5), is_f2 = !strncmp(descr, "'<f2'", 5);
     if (!is_f4 && !is_f2) {
-        snprintf(why, n, "%s: dtype %.6s is not supported; expected float32 '<f4' or float16 '<f2'", path, descr);
+        int len = *descr == '\'' ? (int)strcspn(descr + 1, "'") + 2 : (int)strcspn(descr, ",}");
+        snprintf(why, n, "%s: dtype %.*s is not supported; expected float32 '<f4' or float16 '<f2'", path,
+                 len > 32 ? 32 : len, descr);
         goto done;
     }
     while (*order == ' ') order++;

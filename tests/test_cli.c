@@ -1,0 +1,332 @@
+/* test_cli.c: the command line, run against the built stage binaries.
+ *
+ * Every program is started with posix_spawn (no shell, no quoting) from the repository root,
+ * where `make test` runs the suite, with stdout and stderr captured in files. Bad usage must exit
+ * 2 with one line on stderr saying what is wrong, print nothing on stdout and write nothing:
+ * each bad case passes `--save <path that does not exist>` and the path must still not exist
+ * afterwards. Each test works in a fresh temporary directory, removed after it.
+ */
+#define _GNU_SOURCE /* nftw, environ */
+#include "common_test.h"
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char **environ;
+
+/* ---- running a program ---- */
+
+static char test_tmp[64]; /* this test's directory, made on first use */
+
+static void test_path(char *buf, size_t n, const char *name)
+{
+    if (!test_tmp[0]) {
+        strcpy(test_tmp, "/tmp/attn_tests.XXXXXX");
+        cr_assert(mkdtemp(test_tmp) != NULL, "mkdtemp: %s", strerror(errno));
+    }
+    snprintf(buf, n, "%s/%s", test_tmp, name);
+}
+
+static int test_rm(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+/* Criterion runs .fini after a failed test too (not after a skipped one: those skip before
+ * they make the directory). */
+static void test_cli_fini(void)
+{
+    if (test_tmp[0]) nftw(test_tmp, test_rm, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+TestSuite(cli, .fini = test_cli_fini);
+
+struct test_proc {
+    int code;          /* exit status */
+    char out[16384];   /* stdout, NUL-terminated (cut at the buffer's size) */
+    char err[16384];   /* stderr */
+};
+
+static void test_slurp(const char *path, char *buf, size_t n)
+{
+    FILE *f = fopen(path, "rb");
+    cr_assert(f != NULL, "cannot read back %s", path);
+    size_t got = fread(buf, 1, n - 1, f);
+    buf[got] = 0;
+    fclose(f);
+}
+
+/* Runs argv (argv[0] a path like "./stage1", NULL-terminated) and waits for it. */
+static void test_spawn(char *const argv[], struct test_proc *p)
+{
+    cr_assert(access(argv[0], X_OK) == 0,
+              "%s is not built: run the suite from the repository root after `make all`", argv[0]);
+    char out[128], err[128];
+    test_path(out, sizeof out, "stdout");
+    test_path(err, sizeof err, "stderr");
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, out, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_addopen(&fa, 2, err, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    pid_t pid;
+    int rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    cr_assert(rc == 0, "posix_spawn %s: %s", argv[0], strerror(rc));
+    int status;
+    while (waitpid(pid, &status, 0) < 0) cr_assert(errno == EINTR, "waitpid: %s", strerror(errno));
+    test_slurp(out, p->out, sizeof p->out);
+    test_slurp(err, p->err, sizeof p->err);
+    remove(out), remove(err);
+    cr_assert(WIFEXITED(status), "%s died of signal %d; stderr:\n%s", argv[0], WTERMSIG(status), p->err);
+    p->code = WEXITSTATUS(status);
+}
+
+static int test_count_lines(const char *s)
+{
+    int n = 0;
+    for (; *s; s++) n += *s == '\n';
+    return n;
+}
+
+/* A failed run exits `code` with exactly one line on stderr that contains `expect`, and nothing
+ * on stdout. `what` names the command line in the messages. */
+static void test_assert_one_line_failure(const struct test_proc *p, int code, const char *what, const char *expect)
+{
+    cr_assert(p->code == code, "%s: exit %d, want %d; stderr:\n%s", what, p->code, code, p->err);
+    cr_assert(p->out[0] == 0, "%s: printed on stdout:\n%s", what, p->out);
+    size_t len = strlen(p->err);
+    cr_assert(len > 1 && p->err[len - 1] == '\n' && test_count_lines(p->err) == 1,
+              "%s: stderr must be one line saying why, got:\n%s", what, p->err);
+    cr_assert(expect == NULL || strstr(p->err, expect) != NULL, "%s: the reason does not mention '%s': %s", what,
+              expect, p->err);
+}
+
+/* ---- npy files for --load ---- */
+
+#define TEST_NPY_B 1
+#define TEST_NPY_H 2
+#define TEST_NPY_N 8
+#define TEST_NPY_D 16
+
+/* A well-formed .npy of `count` zero elements of `esz` bytes with any descr and shape: enough
+ * to make files of a dtype npy_write_f32 cannot write. */
+static void test_write_npy_raw(const char *path, const char *descr, const char *shape, size_t count, size_t esz)
+{
+    char hdr[128];
+    int k = snprintf(hdr, sizeof hdr, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }", descr, shape);
+    while ((10 + k + 1) % 64) hdr[k++] = ' '; /* the data starts 64-byte aligned, as NumPy writes it */
+    hdr[k++] = '\n';
+    unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)k, 0};
+    FILE *f = fopen(path, "wb");
+    cr_assert(f != NULL, "cannot write %s", path);
+    void *zeros = calloc(count, esz);
+    cr_assert(fwrite(pre, 1, 10, f) == 10 && fwrite(hdr, 1, (size_t)k, f) == (size_t)k &&
+              fwrite(zeros, esz, count, f) == count && fclose(f) == 0, "cannot write %s", path);
+    free(zeros);
+}
+
+/* What --load's directory holds: good q.npy and v.npy, and a k.npy that is missing, 3-D, of
+ * other dims than q.npy, or of a dtype the loader does not read. */
+enum test_load { TEST_NO_LOAD, TEST_LOAD_NO_K, TEST_LOAD_K_3D, TEST_LOAD_K_DIMS, TEST_LOAD_K_F8, TEST_LOAD_K_I4 };
+
+static void test_write_inputs(const char *dir, enum test_load kind)
+{
+    int dims[4] = {TEST_NPY_B, TEST_NPY_H, TEST_NPY_N, TEST_NPY_D};
+    size_t n = (size_t)TEST_NPY_B * TEST_NPY_H * TEST_NPY_N * TEST_NPY_D;
+    float *x = test_floats(n);
+    char path[256], shape[64];
+    snprintf(shape, sizeof shape, "(%d, %d, %d, %d)", TEST_NPY_B, TEST_NPY_H, TEST_NPY_N, TEST_NPY_D);
+    cr_assert(mkdir(dir, 0700) == 0, "mkdir %s: %s", dir, strerror(errno));
+    const char *names[3] = {"q.npy", "k.npy", "v.npy"};
+    for (int t = 0; t < 3; t++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[t]);
+        fill_uniform(x, n, 42 + t, 1, DT_F16);
+        if (t != 1) {
+            cr_assert(npy_write_f32(path, x, dims, 4) == 0, "cannot write %s", path);
+            continue;
+        }
+        switch (kind) {
+        case TEST_LOAD_K_3D: cr_assert(npy_write_f32(path, x, dims + 1, 3) == 0); break;
+        case TEST_LOAD_K_DIMS: { /* one row more than q.npy */
+            int other[4] = {TEST_NPY_B, TEST_NPY_H, TEST_NPY_N + 1, TEST_NPY_D};
+            size_t n_other = (size_t)TEST_NPY_B * TEST_NPY_H * (TEST_NPY_N + 1) * TEST_NPY_D;
+            float *y = test_floats(n_other);
+            fill_uniform(y, n_other, 43, 1, DT_F16);
+            cr_assert(npy_write_f32(path, y, other, 4) == 0);
+            free(y);
+            break;
+        }
+        case TEST_LOAD_K_F8: test_write_npy_raw(path, "<f8", shape, n, 8); break;
+        case TEST_LOAD_K_I4: test_write_npy_raw(path, "<i4", shape, n, 4); break;
+        default: break; /* TEST_LOAD_NO_K: no k.npy at all */
+        }
+    }
+    free(x);
+}
+
+/* ---- bad command lines: exit 2, one line, nothing written ---- */
+
+/* Plain values only (Criterion copies parameters into a child process). */
+struct test_bad_cli {
+    char bin[16];          /* the program */
+    char args[2][16];      /* the bad part, last on the line ("" ends it) */
+    enum test_load load;   /* --load DIR with this content first, if any */
+    char expect[24];       /* the one-line reason must mention this */
+};
+
+static const struct test_bad_cli test_bad_cases[] = {
+    {"./stage1", {"--seqlen", "0"}, TEST_NO_LOAD, "--seqlen 0"},
+    {"./stage1", {"--batch", "-3"}, TEST_NO_LOAD, "--batch -3"},
+    {"./stage1", {"--heads", "abc"}, TEST_NO_LOAD, "--heads abc"},
+    {"./stage1", {"--dim", "1.5"}, TEST_NO_LOAD, "--dim 1.5"},
+    {"./stage1", {"--iters", "0"}, TEST_NO_LOAD, "--iters 0"},
+    {"./stage1", {"--dtype", "fp8"}, TEST_NO_LOAD, "fp8"},
+    {"./stage1", {"--dtype", "fp16"}, TEST_NO_LOAD, "fp16"},       /* a CPU stage runs fp32 only */
+    {"./stage3", {"--dtype", "bf16"}, TEST_NO_LOAD, "bf16"},
+    {"./stage1", {"--frobnicate"}, TEST_NO_LOAD, "--frobnicate"},
+    {"./stage1", {"--seqlen"}, TEST_NO_LOAD, "--seqlen"},          /* its value missing at the end */
+    {"./stage3", {""}, TEST_LOAD_NO_K, "k.npy"},
+    {"./stage3", {""}, TEST_LOAD_K_3D, "k.npy"},
+    {"./stage3", {""}, TEST_LOAD_K_DIMS, "k.npy"},
+    {"./stage3", {""}, TEST_LOAD_K_F8, "<f8"},
+    {"./stage3", {""}, TEST_LOAD_K_I4, "<i4"},
+};
+
+ParameterizedTestParameters(cli, bad_usage_exits_2)
+{
+    size_t count = sizeof test_bad_cases / sizeof *test_bad_cases;
+    struct test_bad_cli *p = cr_malloc(sizeof test_bad_cases);
+    memcpy(p, test_bad_cases, sizeof test_bad_cases);
+    return cr_make_param_array(struct test_bad_cli, p, count, test_free_params);
+}
+
+ParameterizedTest(struct test_bad_cli *c, cli, bad_usage_exits_2)
+{
+    char save[128], in[128], what[256];
+    test_path(save, sizeof save, "save");
+    test_path(in, sizeof in, "in");
+    /* --save first, so that a flag missing its value is truly last */
+    char *argv[9] = {c->bin, "--save", save};
+    int k = 3;
+    if (c->load != TEST_NO_LOAD) {
+        test_write_inputs(in, c->load);
+        argv[k++] = "--load", argv[k++] = in;
+    }
+    for (int j = 0; j < 2 && c->args[j][0]; j++) argv[k++] = c->args[j];
+    argv[k] = NULL;
+    int w = snprintf(what, sizeof what, "%s", c->bin);
+    for (int j = 1; j < k; j++) w += snprintf(what + w, sizeof what - w, " %s", argv[j]);
+
+    struct test_proc p;
+    test_spawn(argv, &p);
+    test_assert_one_line_failure(&p, EXIT_USAGE, what, c->expect);
+    cr_assert(access(save, F_OK) != 0 && errno == ENOENT, "%s: wrote %s although it failed", what, save);
+}
+
+/* ---- good command lines ---- */
+
+Test(cli, help_shows_an_example)
+{
+    struct test_proc p;
+    test_spawn((char *[]){"./stage1", "--help", NULL}, &p);
+    cr_assert(p.code == EXIT_PASS, "./stage1 --help: exit %d; stderr:\n%s", p.code, p.err);
+    cr_assert(strstr(p.out, "usage:") && strstr(p.out, "example:"), "./stage1 --help: no usage or example:\n%s", p.out);
+    cr_assert(p.err[0] == 0, "./stage1 --help wrote on stderr:\n%s", p.err);
+}
+
+#define TEST_CSV_HEADER \
+    "stage,direction,gpu,dtype,batch,heads,seqlen,dim,causal,ms_median,ms_min,tflops,max_err,check,commit"
+
+/* Field `k` (0-based) of a CSV line into buf. */
+static void test_csv_field(const char *line, int k, char *buf, size_t n)
+{
+    for (; k > 0 && line; k--) line = strchr(line, ','), line = line ? line + 1 : NULL;
+    size_t len = line ? strcspn(line, ",\n") : 0;
+    snprintf(buf, n, "%.*s", (int)len, line ? line : "");
+}
+
+Test(cli, csv_is_a_header_and_one_row)
+{
+    struct test_proc p;
+    test_spawn((char *[]){"./stage2", "--csv", "--seqlen", "64", "--heads", "1", NULL}, &p);
+    cr_assert(p.code == EXIT_PASS, "./stage2 --csv: exit %d; stderr:\n%s", p.code, p.err);
+    cr_assert(test_count_lines(p.out) == 2, "./stage2 --csv: want exactly two lines, got:\n%s", p.out);
+    const char *row = strchr(p.out, '\n') + 1;
+    cr_assert(strncmp(p.out, TEST_CSV_HEADER, strlen(TEST_CSV_HEADER)) == 0, "./stage2 --csv: header is\n%s", p.out);
+    cr_assert(strncmp(row, "stage2,fwd,cpu,fp32,", 20) == 0, "./stage2 --csv: row is\n%s", row);
+    char check[16], seqlen[16];
+    test_csv_field(row, 13, check, sizeof check);
+    test_csv_field(row, 6, seqlen, sizeof seqlen);
+    cr_assert(!strcmp(check, "pass") && !strcmp(seqlen, "64"), "./stage2 --csv: check '%s' seqlen '%s' in\n%s",
+              check, seqlen, row);
+}
+
+/* Stage 1 saves its inputs and outputs; stage 3 loads those inputs (the shape comes from the
+ * files; --causal is given again), passes its own check, and saves the same inputs and an O
+ * within the rule's allowance of stage 1's (twice the fp32 tolerance: both carry rounding). */
+Test(cli, save_then_load_round_trip)
+{
+    char a[128], b[128], path[160], why[256];
+    test_path(a, sizeof a, "from_stage1");
+    test_path(b, sizeof b, "from_stage3");
+    struct test_proc p;
+    test_spawn((char *[]){"./stage1", "--batch", "2", "--heads", "3", "--seqlen", "33", "--dim", "16", "--causal",
+                          "--save", a, NULL}, &p);
+    cr_assert(p.code == EXIT_PASS, "./stage1 --save: exit %d; stderr:\n%s", p.code, p.err);
+    test_spawn((char *[]){"./stage3", "--load", a, "--causal", "--save", b, NULL}, &p);
+    cr_assert(p.code == EXIT_PASS, "./stage3 --load: exit %d; stderr:\n%s", p.code, p.err);
+    cr_assert(strstr(p.out, "stage3  B=2 H=3 N=33 d=16 causal") && strstr(p.out, "check PASS"),
+              "./stage3 --load: summary is\n%s", p.out);
+
+    float *t[2][4]; /* [from stage 1, from stage 3][q, k, v, o] */
+    int dims[2][4][4];
+    const char *names[4] = {"q.npy", "k.npy", "v.npy", "o.npy"};
+    for (int s = 0; s < 2; s++)
+        for (int j = 0; j < 4; j++) {
+            snprintf(path, sizeof path, "%s/%s", s ? b : a, names[j]);
+            t[s][j] = npy_read4(path, dims[s][j], why, sizeof why);
+            cr_assert(t[s][j] != NULL, "%s", why);
+            cr_assert(!memcmp(dims[s][j], dims[0][0], sizeof dims[0][0]), "%s has another shape", path);
+        }
+    struct shape sh = test_shape(2, 3, 33, 16, 1);
+    cr_assert(!memcmp(dims[0][0], ((int[4]){2, 3, 33, 16}), sizeof dims[0][0]), "q.npy is not [2, 3, 33, 16]");
+    size_t n = shape_elems(&sh);
+    for (int j = 0; j < 3; j++)
+        cr_assert(!memcmp(t[0][j], t[1][j], n * sizeof(float)), "%s changed on its way through --load and --save",
+                  names[j]);
+    double qmax = max_abs(t[0][0], n), kmax = max_abs(t[0][1], n), vmax = max_abs(t[0][2], n);
+    double *want = test_widen(t[0][3], n);
+    struct cmp c = compare(t[1][3], want, n, 2 * tol_output(&sh, DT_F32, qmax, kmax, vmax));
+    TEST_ASSERT_CMP("stage3 o.npy vs stage1 o.npy", "O", c, &sh, 0);
+    free(want);
+    for (int s = 0; s < 2; s++)
+        for (int j = 0; j < 4; j++) free(t[s][j]);
+}
+
+/* A GPU stage's binary: exit 3 with one line where there is no device, a passing run where there is. */
+Test(cli, gpu_stage_without_a_device_exits_3)
+{
+    const struct stage *gpu = NULL;
+    for (int s = 0; s < n_all_stages && !gpu; s++)
+        if (all_stages[s]->device == ON_GPU) gpu = all_stages[s];
+    if (!gpu || !gpu_available) cr_skip_test("built without CUDA: no GPU stage binary");
+    char bin[32], save[128], why[256];
+    snprintf(bin, sizeof bin, "./%s", gpu->name);
+    test_path(save, sizeof save, "save");
+    struct test_proc p;
+    test_spawn((char *[]){bin, "--seqlen", "64", "--batch", "1", "--heads", "2", "--save", save, NULL}, &p);
+    if (gpu_available(why, sizeof why)) {
+        test_assert_one_line_failure(&p, EXIT_NO_DEVICE, bin, NULL);
+        cr_assert(access(save, F_OK) != 0, "%s wrote %s without a device", bin, save);
+    } else {
+        cr_assert(p.code == EXIT_PASS, "%s --seqlen 64: exit %d on a machine with a GPU; stderr:\n%s", bin, p.code,
+                  p.err);
+    }
+}
