@@ -104,6 +104,9 @@ stage4_fa1_kernel(const __half *__restrict__ Q, const __half *__restrict__ K, co
 {
     typedef stage4_smem<D> SM;
     constexpr int LDH = SM::LDH, LDF = SM::LDF;
+    /* The combine gives each thread COMBINE_PER_THREAD float4 pieces of the Br x D tile O_i. */
+    constexpr int COMBINE_PER_THREAD = Br * (D / 4) / NTHREADS;
+    static_assert(Br * (D / 4) % NTHREADS == 0, "O_i must split evenly into float4 pieces per thread");
     extern __shared__ __align__(16) unsigned char smem[];
     __half *K_j = (__half *)(smem + SM::K_j);
     __half *V_j = (__half *)(smem + SM::V_j);
@@ -129,22 +132,31 @@ stage4_fa1_kernel(const __half *__restrict__ Q, const __half *__restrict__ K, co
     const int Tr = CEIL_DIV(N, Br), Tc = CEIL_DIV(N, Bc);
 
     for (int j = 0; j < Tc; j++) {
-        /* K_j, V_j: HBM -> shared memory once per outer step, read by every inner step. */
+        const int i_start = causal ? (j * Bc) / Br : 0; /* causal: Q tiles wholly above the diagonal see none of K_j */
+        /* K_j, V_j: HBM -> shared memory once per outer step, read by every inner step; and the
+         * first Q_i of this outer step (the later ones are fetched one step ahead, below). */
         stage4_load_tile<D, Bc>(K_j, K, j * Bc, N);
         stage4_load_tile<D, Bc>(V_j, V, j * Bc, N);
+        stage4_load_tile<D, Br>(Q_i, Q, i_start * Br, N);
         cp_async_commit();
 
-        /* Causal: Q tiles wholly above the diagonal see none of K_j; skip them. */
-        for (int i = causal ? (j * Bc) / Br : 0; i < Tr; i++) {
+        for (int i = i_start; i < Tr; i++) {
             const int j_last = causal ? min(Tc - 1, ((i + 1) * Br - 1) / Bc) : Tc - 1;
             const bool first = (j == 0), last = (j == j_last);
 
-            /* Q_i: HBM -> shared memory on every inner step (stage 6 loads it once). */
-            stage4_load_tile<D, Br>(Q_i, Q, i * Br, N);
-            cp_async_commit();
-            /* m_i, l_i: one thread per row reads them from HBM; on the first visit they start
-             * as m_i = -inf, l_i = 0 and the workspace is not read (so it needs no init). */
-            float m_i = -INFINITY, l_i = 0.f;
+            /* O_i, m_i, l_i: HBM -> registers at the top of the step, so that their latency hides
+             * behind the matrix products (the combine at the bottom is their first use). On the
+             * first visit they start as O_i = 0, m_i = -inf, l_i = 0 and the workspace is not
+             * read (so it needs no initialization). O_i round-trips HBM every step: this read and
+             * the write in the combine are the traffic stage 6 removes. */
+            float4 O_old[COMBINE_PER_THREAD];
+#pragma unroll
+            for (int k = 0; k < COMBINE_PER_THREAD; k++) {
+                const int c = tid + k * NTHREADS, r = c / (D / 4), col = (c % (D / 4)) * 4, query = i * Br + r;
+                O_old[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (!first && query < N) O_old[k] = *(const float4 *)&O_hbm[(size_t)query * D + col];
+            }
+            float m_i = -INFINITY, l_i = 0.f; /* one thread per row */
             if (tid < Br && !first && i * Br + tid < N) {
                 m_i = m_hbm[i * Br + tid];
                 l_i = l_hbm[i * Br + tid];
@@ -190,7 +202,13 @@ stage4_fa1_kernel(const __half *__restrict__ Q, const __half *__restrict__ K, co
                     mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
                     if (t == 0) row_max[warp * Br + r] = mx;
                 }
-            __syncthreads(); /* every warp's partial row max in shared memory before any reads them */
+            __syncthreads(); /* every warp's partial row max in shared memory before any reads them;
+                              * past this barrier no warp reads Q_i again */
+
+            /* Q_{i+1}: HBM -> shared memory now, overlapping the rest of this step (Algorithm 1
+             * still loads Q_i once per inner step; it only starts the load earlier). */
+            if (i + 1 < Tr) stage4_load_tile<D, Br>(Q_i, Q, (i + 1) * Br, N);
+            cp_async_commit();
 
             /* m~_ij = max over the warps; P~_ij = exp(S_ij - m~_ij); l~_ij = rowsum(P~_ij),
              * this warp's part of the sum. A row masked in the whole tile has m~_ij = -inf:
@@ -286,9 +304,9 @@ stage4_fa1_kernel(const __half *__restrict__ Q, const __half *__restrict__ K, co
             /* O_i <- diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + e^(m~_ij - m_new) P~_ij V_j)
              *      = alpha * O_i + beta * sum over warps of the partial P~_ij V_j.
              * Four consecutive columns per thread, consecutive threads along a row: coalesced. */
-            constexpr int D4 = D / 4;
-            for (int c = tid; c < Br * D4; c += NTHREADS) {
-                const int r = c / D4, col = (c % D4) * 4, query = i * Br + r;
+#pragma unroll
+            for (int k = 0; k < COMBINE_PER_THREAD; k++) {
+                const int c = tid + k * NTHREADS, r = c / (D / 4), col = (c % (D / 4)) * 4, query = i * Br + r;
                 if (query >= N) continue; /* rows past N are never read or written */
                 float4 PV = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
@@ -296,21 +314,18 @@ stage4_fa1_kernel(const __half *__restrict__ Q, const __half *__restrict__ K, co
                     const float4 p = *(const float4 *)&O_part[(w * Br + r) * LDF + col];
                     PV.x += p.x, PV.y += p.y, PV.z += p.z, PV.w += p.w;
                 }
-                /* O_i round-trips HBM here (read now, written below): the traffic stage 6 removes.
-                 * On the first visit O_i = 0 and the workspace is not read. */
-                const float4 O_old = first ? make_float4(0.f, 0.f, 0.f, 0.f)
-                                           : *(const float4 *)&O_hbm[(size_t)query * D + col];
                 const float a = alpha[r], b = beta[r];
-                const float4 O_new = make_float4(a * O_old.x + b * PV.x, a * O_old.y + b * PV.y,
-                                                 a * O_old.z + b * PV.z, a * O_old.w + b * PV.w);
+                const float4 O_new = make_float4(a * O_old[k].x + b * PV.x, a * O_old[k].y + b * PV.y,
+                                                 a * O_old[k].z + b * PV.z, a * O_old[k].w + b * PV.w);
                 if (last) /* the final O_i, in fp16, to the output (4 halves, one 8-byte store) */
                     *(uint2 *)&O[(size_t)query * D + col] =
                         make_uint2(pack_half2(O_new.x, O_new.y), pack_half2(O_new.z, O_new.w));
                 else /* normalized O_i back to the fp32 workspace for the next K/V tile */
                     *(float4 *)&O_hbm[(size_t)query * D + col] = O_new;
             }
-            /* No barrier here: the next step first writes Q_i (which the combine does not read);
-             * O_part, row_max, row_sum, alpha, beta are rewritten only after its first barrier. */
+            /* No barrier here: the next step writes no shared memory before its first barrier
+             * (its Q_i is already on the way); O_part, row_max, row_sum, alpha and beta are
+             * rewritten only after that barrier. */
         }
         __syncthreads(); /* every warp is done with K_j, V_j before the next tile overwrites them */
     }
