@@ -23,7 +23,7 @@ for csv in "${csvs[@]}"; do
       echo "set terminal pngcairo size 1400,1000 font ',11'"
       echo "set output '${gpu}_${dir}.png'"
       echo "set datafile separator ','"
-      echo "set logscale x 2; set grid; set key top left; set xlabel 'sequence length N'; set ylabel 'TFLOP/s'"
+      echo "set logscale x 2; set grid; set key top left opaque box; set yrange [0:*]; set xlabel 'sequence length N'; set ylabel 'TFLOP/s'"
       echo "set multiplot layout 2,2 title '$gpu, $dir, fp16, batch x heads = 16k tokens x 2048 hidden'"
       for d in 64 128; do for c in 0 1; do
         echo "set title 'd = $d, $([ $c = 1 ] && echo causal || echo 'not causal')'"
