@@ -40,6 +40,7 @@ COMMON_OBJS := $(filter-out $(BUILD)/common/main.o,$(COMMON_OBJS))
 CUDA_OBJS := $(BUILD)/common/cuda/runner.o
 REF_OBJ := $(BUILD)/stages/01_naive.o   # stage 1 is every stage's reference, linked into each
 TEST_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/*.c)) $(BUILD)/registry.o
+TEST_CUDA_OBJS := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard tests/*.cu))   # GPU-side tests, with nvcc only
 
 # stages the build can make here: GPU stages only where nvcc is installed
 ifneq ($(HAVE_NVCC),)
@@ -106,7 +107,7 @@ FORCE:
 $(BUILD)/registry.o: $(BUILD)/registry.c
 	$(Q)$(CC) $(ALL_CFLAGS) -c $< -o $@
 
-tests/attn_tests: $(TEST_OBJS) $(STAGE_OBJS) $(COMMON_OBJS) $(if $(HAVE_NVCC),$(CUDA_OBJS))
+tests/attn_tests: $(TEST_OBJS) $(STAGE_OBJS) $(COMMON_OBJS) $(if $(HAVE_NVCC),$(CUDA_OBJS) $(TEST_CUDA_OBJS))
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(TEST_LINK)
 
