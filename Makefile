@@ -20,9 +20,11 @@ HAVE_NVCC := $(shell command -v $(NVCC) 2>/dev/null)
 CRITERION_LIBS := $(shell pkg-config --libs criterion 2>/dev/null || echo -lcriterion)
 
 ifeq ($(DEBUG),1)
+# (with a GPU, AddressSanitizer needs ASAN_OPTIONS=protect_shadow_gap=0 next to the CUDA driver)
 CFLAGS += -g -O0 -fsanitize=address,undefined
 LDFLAGS += -fsanitize=address,undefined
 NVDEBUG := -g
+NVLDFLAGS := -Xcompiler=-fsanitize=address -Xcompiler=-fsanitize=undefined
 endif
 ALL_CFLAGS := -std=gnu11 -fopenmp -I. -MMD -MP $(CFLAGS)
 NVCCFLAGS := -std=c++17 -O3 -lineinfo $(NVDEBUG) -I. -MMD -MP \
@@ -45,7 +47,7 @@ TEST_CUDA_OBJS := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard tests/*.cu))   # GPU-s
 # stages the build can make here: GPU stages only where nvcc is installed
 ifneq ($(HAVE_NVCC),)
 BUILT_STAGES := $(CPU_STAGES) $(GPU_STAGES)
-TEST_LINK = $(NVCC) $(NVLINK) $(LDFLAGS) -o $@ $^ $(CRITERION_LIBS) -lm
+TEST_LINK = $(NVCC) $(NVLINK) $(NVLDFLAGS) -o $@ $^ $(CRITERION_LIBS) -lm
 else
 BUILT_STAGES := $(CPU_STAGES)
 TEST_LINK = $(CC) -fopenmp $(LDFLAGS) -o $@ $^ $(CRITERION_LIBS) -lm
@@ -80,7 +82,7 @@ define gpu_stage
 ifneq ($(HAVE_NVCC),)
 $(call bin,$(1)): $(BUILD)/main_$(call bin,$(1)).o $(BUILD)/stages/$(1).o $(REF_OBJ) $(COMMON_OBJS) $(CUDA_OBJS)
 	@$(if $(Q),echo "  LD    $$@")
-	$(Q)$(NVCC) $(NVLINK) $(LDFLAGS) -o $$@ $$^ -lm
+	$(Q)$(NVCC) $(NVLINK) $(NVLDFLAGS) -o $$@ $$^ -lm
 else
 $(call bin,$(1)):
 	@echo "$$@ is a GPU stage: it needs nvcc, the CUDA Toolkit's compiler (https://developer.nvidia.com/cuda-downloads)," \
