@@ -61,7 +61,15 @@ all: $(foreach s,$(BUILT_STAGES),$(call bin,$(s))) tests/attn_tests
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC    $<")
-	$(Q)$(CC) $(ALL_CFLAGS) -DCOMMIT='"$(COMMIT)"' -c $< -o $@
+	$(Q)$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+# The commit the CSV rows name, rewritten only when it changes (so report.o is rebuilt then).
+$(BUILD)/commit.h: FORCE
+	@mkdir -p $(dir $@)
+	@echo '#define COMMIT "$(COMMIT)"' > $@.tmp
+	@cmp -s $@.tmp $@ && rm -f $@.tmp || mv -f $@.tmp $@
+$(BUILD)/common/report.o: $(BUILD)/commit.h
+$(BUILD)/common/report.o: ALL_CFLAGS += -I$(BUILD)
 
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)

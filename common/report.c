@@ -2,9 +2,7 @@
 #include "harness.h"
 #include <stdlib.h>
 
-#ifndef COMMIT
-#define COMMIT "unknown"
-#endif
+#include "commit.h" /* COMMIT: `git rev-parse --short HEAD` at build time, written by the Makefile */
 
 const char *build_commit(void)
 {
