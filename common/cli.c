@@ -2,6 +2,7 @@
 #include "harness.h"
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,11 +52,15 @@ static void defaults(const struct stage *st, struct opts *o)
     o->check = 1;
 }
 
-static int bad(const struct stage *st, const char *fmt, const char *a, const char *b)
+/* One line on stderr saying what is wrong; the usage exit code. */
+static int bad(const struct stage *st, const char *fmt, ...)
 {
+    va_list ap;
+    va_start(ap, fmt);
     fprintf(stderr, "%s: ", st->name);
-    fprintf(stderr, fmt, a, b);
+    vfprintf(stderr, fmt, ap);
     fprintf(stderr, " (see --help)\n");
+    va_end(ap);
     return EXIT_USAGE;
 }
 
@@ -95,9 +100,9 @@ int parse_opts(const struct stage *st, int argc, char **argv, struct opts *o, in
                                        "--iters", "--softmax-scale", "--input-scale", "--load", "--save"};
         int known = 0;
         for (size_t j = 0; j < sizeof valued / sizeof *valued; j++) known |= !strcmp(name, valued[j]);
-        if (!known) return bad(st, "unknown option %s%s", name, "");
+        if (!known) return bad(st, "unknown option %s", name);
         if (!val) {
-            if (k + 1 >= argc) return bad(st, "%s needs a value%s", name, "");
+            if (k + 1 >= argc) return bad(st, "%s needs a value", name);
             val = argv[++k];
         }
         int err = 0;
@@ -117,7 +122,7 @@ int parse_opts(const struct stage *st, int argc, char **argv, struct opts *o, in
             if (!strcmp(val, "fp32")) o->dtype = DT_F32;
             else if (!strcmp(val, "fp16")) o->dtype = DT_F16;
             else if (!strcmp(val, "bf16")) o->dtype = DT_BF16;
-            else return bad(st, "--dtype %s: expected fp32, fp16 or bf16%s", val, "");
+            else return bad(st, "--dtype %s: expected fp32, fp16 or bf16", val);
         } else if (!strcmp(name, "--softmax-scale") || !strcmp(name, "--input-scale")) {
             char *end;
             errno = 0;
@@ -128,7 +133,7 @@ int parse_opts(const struct stage *st, int argc, char **argv, struct opts *o, in
         else if (!strcmp(name, "--save")) o->save_dir = val;
         if (err) return bad(st, "%s %s: not a valid value for this option", name, val);
     }
-    if (o->flush_l2 && st->device != ON_GPU) return bad(st, "--flush-l2 is for GPU stages%s", "", "");
+    if (o->flush_l2 && st->device != ON_GPU) return bad(st, "--flush-l2 is for GPU stages");
     o->sh.scale = softmax_scale > 0 ? softmax_scale : 1.0f / sqrtf((float)o->sh.d);
     o->softmax_scale_set = softmax_scale > 0;
     return 0;
