@@ -4,7 +4,7 @@
 
 # ---- the stages: NN_slug, the file is stages/NN_slug.c (CPU) or .cu (GPU) ----
 CPU_STAGES := 01_naive 02_tiled_cpu 03_online_softmax
-GPU_STAGES := 04_fa1
+GPU_STAGES := 04_fa1 05_delayed_rescaling 06_loop_swap 07_warp_partition
 
 MAKEFLAGS += --no-builtin-rules
 .SUFFIXES:
@@ -126,7 +126,7 @@ test: all
 	./tests/attn_tests --jobs=$(or $(JOBS),2)
 
 # ---- GPU-only targets ----
-SANITIZE_SHAPES := "--seqlen 1 --dim 64" "--seqlen 100 --dim 64 --causal" "--seqlen 77 --dim 128" \
+SANITIZE_SHAPES := "--seqlen 1 --dim 64" "--seqlen 100 --dim 64 --causal --counters" "--seqlen 77 --dim 128" \
                    "--seqlen 130 --dim 128 --causal --batch 2 --heads 3"
 sanitize: $(GPU_BINS)
 	@set -e; for b in $(GPU_BINS); do for tool in memcheck racecheck synccheck; do for s in $(SANITIZE_SHAPES); do \

@@ -40,6 +40,26 @@ struct attn_args {
     const void *dO;          /* backward only: incoming gradient of O */
     void *dQ, *dK, *dV;      /* backward only: outputs */
     void *work;
+    /* --counters: device memory for N_COUNTERS tallies, zeroed, which the stage's kernel adds
+     * the work it did to (a counting instantiation of the kernel); NULL in every timed run. */
+    unsigned long long *counters;
+};
+
+/* What a stage's kernel counts with --counters: the non-matmul work it does on O. */
+enum counter {
+    CNT_ROW_NORMALIZE,  /* an O row divided by its l (or multiplied by 1/l) */
+    CNT_ROW_CORRECT,    /* an O row multiplied by exp(m_old - m_new) */
+    N_COUNTERS
+};
+
+/* The HBM traffic a GPU stage's loop structure implies, from a formula in the stage: bytes read
+ * plus bytes written for each kind of data, and how many times each row of Q is read. */
+struct hbm_traffic {
+    double Q, KV;        /* inputs read */
+    double O;            /* the output written (in the input dtype) */
+    double O_work;       /* an fp32 partial O read back and written out between steps */
+    double rowstats;     /* m_i, l_i read back and written out between steps, and L written */
+    double q_reads;      /* times each Q row comes from HBM */
 };
 
 /* Returns 0 on success; otherwise writes a one-line reason into `why` (size `n`) and returns
@@ -57,6 +77,8 @@ struct stage {
     /* Scratch the stage needs beside its inputs and outputs (GPU stages; may be NULL). */
     size_t (*workspace_bytes)(const struct shape *sh);
     int openmp;              /* CPU stages: 1 if it spreads work over OpenMP threads */
+    /* GPU stages: the bytes its loop structure moves for this shape (--counters shows them). */
+    void (*hbm_traffic)(const struct shape *sh, struct hbm_traffic *t);
 };
 
 /* FLOPs as the FA2 paper counts them: 4*B*H*N^2*d for the forward, halved when causal;

@@ -39,7 +39,7 @@ int run_forward_host(const struct stage *st, const struct shape *sh, enum dtype 
             snprintf(why, n, "%s: this program was built without CUDA", st->name);
             return EXIT_NO_DEVICE;
         }
-        return gpu_forward_host(st, sh, dt, Q, K, V, O, L, why, n);
+        return gpu_forward_host(st, sh, dt, Q, K, V, O, L, NULL, why, n);
     }
     struct attn_args a = {.sh = *sh, .dtype = dt, .Q = Q, .K = K, .V = V, .O = O, .L = L};
     return st->forward(&a, why, n) ? EXIT_USAGE : 0;
@@ -257,6 +257,7 @@ int harness_main(const struct stage *st, int argc, char **argv)
         print_csv_row(stdout, &r);
     } else {
         print_summary(stdout, &r);
+        if (r.counted) print_counters(stdout, &r);
     }
     if (o.save_dir && save_outputs(o.save_dir, &o.sh, Q, K, V, O, L)) rc = EXIT_USAGE;
     free(Q), free(K), free(V), free(O), free(L);

@@ -25,6 +25,7 @@ struct opts {
     int csv;              /* print the CSV header and one row instead of the summary */
     int csv_no_header;    /* --csv-row: the row alone (the benchmark appends many) */
     int flush_l2;         /* GPU: overwrite L2 before each timed run */
+    int counters;         /* GPU: one more run with the kernel's counting build, counts printed */
     int softmax_scale_set;/* --softmax-scale given (else 1/sqrt(d), recomputed when --load sets d) */
     const char *load_dir, *save_dir;
 };
@@ -103,8 +104,12 @@ struct result {
     const char *check;        /* "pass", "fail" or "skip" */
     size_t extra_bytes;       /* peak scratch the stage used beyond its inputs and outputs */
     int threads;              /* CPU stages: OpenMP threads */
+    int counted;              /* --counters: counts[] holds what the kernel counted */
+    unsigned long long counts[N_COUNTERS];
 };
 void print_summary(FILE *f, const struct result *r);
+/* --counters: the kernel's counts per row and the stage's HBM traffic formula, a few lines. */
+void print_counters(FILE *f, const struct result *r);
 void print_csv_header(FILE *f);
 void print_csv_row(FILE *f, const struct result *r);
 const char *build_commit(void);
@@ -127,9 +132,10 @@ int harness_main(const struct stage *st, int argc, char **argv);
 /* The GPU half, in common/cuda/runner.cu. Weak here so that CPU-only binaries link without it. */
 int gpu_run_stage(const struct stage *st, const struct opts *o, const float *Q, const float *K,
                   const float *V, float *O, float *L, struct result *r) __attribute__((weak));
+/* `counts` NULL: the stage's own kernel; else its counting build, with N_COUNTERS tallies back. */
 int gpu_forward_host(const struct stage *st, const struct shape *sh, enum dtype dt,
                      const float *Q, const float *K, const float *V, float *O, float *L,
-                     char *why, size_t n) __attribute__((weak));
+                     unsigned long long *counts, char *why, size_t n) __attribute__((weak));
 /* 0 when a usable CUDA device (sm_80 or newer) is present; else a reason in `why`. */
 int gpu_available(char *why, size_t n) __attribute__((weak));
 

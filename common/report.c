@@ -55,3 +55,26 @@ void print_csv_row(FILE *f, const struct result *r)
             r->sh.causal, r->ms_median, r->ms_min, tflops(r), err, r->check, build_commit(),
             r->extra_bytes, r->threads);
 }
+
+void print_counters(FILE *f, const struct result *r)
+{
+    static const char *what[N_COUNTERS] = {
+        [CNT_ROW_NORMALIZE] = "O row normalizations (an O row divided by l_i)",
+        [CNT_ROW_CORRECT] = "O row corrections (an O row times e^(m_old - m_new))",
+    };
+    double rows = (double)shape_rows(&r->sh);
+    fprintf(f, "  counted by the kernel (its counting build, run once more):\n");
+    for (int c = 0; c < N_COUNTERS; c++)
+        fprintf(f, "    %-54s %14llu  = %7.2f per row\n", what[c], r->counts[c], r->counts[c] / rows);
+    if (!r->st->hbm_traffic) {
+        fprintf(f, "  HBM bytes: %s gives no formula\n", r->st->name);
+        return;
+    }
+    struct hbm_traffic t;
+    r->st->hbm_traffic(&r->sh, &t);
+    double total = t.Q + t.KV + t.O + t.O_work + t.rowstats;
+    fprintf(f, "  HBM bytes its loop structure moves (the stage's formula): %.3f GB\n", total / 1e9);
+    fprintf(f, "    Q %.3f GB (each row read %.2f times) | K, V %.3f GB | O %.3f GB | "
+               "O workspace %.3f GB | m, l, L %.3f GB\n",
+            t.Q / 1e9, t.q_reads, t.KV / 1e9, t.O / 1e9, t.O_work / 1e9, t.rowstats / 1e9);
+}

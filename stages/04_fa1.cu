@@ -16,6 +16,7 @@
  * Run: ./stage4 --seqlen 4096 --dim 64 --causal
  */
 #include "common/attn.h"
+#include "common/cuda/counters.cuh"
 #include "common/cuda/cuda_check.h"
 #include "common/cuda/mma.cuh"
 
@@ -96,11 +97,12 @@ static __device__ __forceinline__ void stage4_load_tile(__half *tile, const __ha
     }
 }
 
-template <int D>
+/* COUNT: the counting build for --counters (common/cuda/counters.cuh); the timed build has none. */
+template <int D, bool COUNT>
 static __global__ void __launch_bounds__(NTHREADS)
 stage4_fa1_kernel(const __half *__restrict__ Q, const __half *__restrict__ K, const __half *__restrict__ V,
                   __half *__restrict__ O, float *__restrict__ L, float *__restrict__ work, int N, int causal,
-                  float scale_log2)
+                  float scale_log2, unsigned long long *counters)
 {
     typedef stage4_smem<D> SM;
     constexpr int LDH = SM::LDH, LDF = SM::LDF;
@@ -130,6 +132,7 @@ stage4_fa1_kernel(const __half *__restrict__ Q, const __half *__restrict__ K, co
     float *l_hbm = work + BH * N * D + BH * N + bh * N;
 
     const int Tr = CEIL_DIV(N, Br), Tc = CEIL_DIV(N, Bc);
+    work_tally<COUNT> tally;
 
     for (int j = 0; j < Tc; j++) {
         const int i_start = causal ? (j * Bc) / Br : 0; /* causal: Q tiles wholly above the diagonal see none of K_j */
@@ -308,6 +311,10 @@ stage4_fa1_kernel(const __half *__restrict__ Q, const __half *__restrict__ K, co
             for (int k = 0; k < COMBINE_PER_THREAD; k++) {
                 const int c = tid + k * NTHREADS, r = c / (D / 4), col = (c % (D / 4)) * 4, query = i * Br + r;
                 if (query >= N) continue; /* rows past N are never read or written */
+                if (col == 0) { /* each O row, every step: divided by l_new and corrected */
+                    tally.add(CNT_ROW_NORMALIZE);
+                    tally.add(CNT_ROW_CORRECT);
+                }
                 float4 PV = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
                 for (int w = 0; w < NWARPS; w++) {
@@ -329,6 +336,7 @@ stage4_fa1_kernel(const __half *__restrict__ Q, const __half *__restrict__ K, co
         }
         __syncthreads(); /* every warp is done with K_j, V_j before the next tile overwrites them */
     }
+    tally.flush(counters);
 }
 
 /* ---- launcher ---- */
@@ -339,7 +347,30 @@ static size_t stage4_workspace_bytes(const struct shape *sh)
     return (size_t)sh->B * sh->H * sh->N * (sh->d + 2) * sizeof(float);
 }
 
-template <int D>
+/* The HBM bytes the loop structure moves, walking the (j, i) steps the kernel takes (rows past N
+ * are zero-filled, never read): K_j, V_j once; Q_i on every step; O_i, m_i, l_i read on every
+ * step but a row's first and written on every step but its last; O (fp16) and L once. */
+static void stage4_hbm_traffic(const struct shape *sh, struct hbm_traffic *t)
+{
+    const int N = sh->N, Tr = CEIL_DIV(N, Br), Tc = CEIL_DIV(N, Bc);
+    double q_rows = 0, work_rows = 0; /* per head: Q rows read, O_i/m_i/l_i rows read or written */
+    for (int j = 0; j < Tc; j++)
+        for (int i = sh->causal ? (j * Bc) / Br : 0; i < Tr; i++) {
+            const int rows = min(Br, N - i * Br);
+            const int j_last = sh->causal ? min(Tc - 1, ((i + 1) * Br - 1) / Bc) : Tc - 1;
+            q_rows += rows;
+            work_rows += (j > 0 ? rows : 0) + (j < j_last ? rows : 0);
+        }
+    const double heads = (double)sh->B * sh->H, d = sh->d;
+    t->Q = heads * q_rows * d * sizeof(__half);
+    t->KV = heads * 2.0 * N * d * sizeof(__half);
+    t->O = heads * N * d * sizeof(__half);
+    t->O_work = heads * work_rows * d * sizeof(float);
+    t->rowstats = heads * (work_rows * 2 + N) * sizeof(float); /* m_i and l_i; then L */
+    t->q_reads = q_rows / N;
+}
+
+template <int D, bool COUNT>
 static int stage4_launch(const struct attn_args *a, char *why, size_t n)
 {
     const size_t smem = stage4_smem<D>::bytes;
@@ -351,14 +382,15 @@ static int stage4_launch(const struct attn_args *a, char *why, size_t n)
                  D, smem, optin);
         return 1;
     }
-    CUDA_TRY(cudaFuncSetAttribute(stage4_fa1_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    CUDA_TRY(cudaFuncSetAttribute(stage4_fa1_kernel<D, COUNT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
 
     const struct shape *sh = &a->sh;
     const dim3 grid(sh->B * sh->H); /* one block per (batch, head), as in Algorithm 1 */
     const dim3 block(NTHREADS);
-    stage4_fa1_kernel<D><<<grid, block, smem>>>((const __half *)a->Q, (const __half *)a->K,
-                                                (const __half *)a->V, (__half *)a->O, a->L,
-                                                (float *)a->work, sh->N, sh->causal, sh->scale * LOG2E);
+    stage4_fa1_kernel<D, COUNT><<<grid, block, smem>>>((const __half *)a->Q, (const __half *)a->K,
+                                                       (const __half *)a->V, (__half *)a->O, a->L,
+                                                       (float *)a->work, sh->N, sh->causal, sh->scale * LOG2E,
+                                                       a->counters);
     CUDA_TRY(cudaGetLastError());
     return 0;
 }
@@ -374,7 +406,8 @@ static int stage4_forward(const struct attn_args *a, char *why, size_t n)
         snprintf(why, n, "stage4 needs its workspace (O, m, l in HBM) and got none");
         return 1;
     }
-    return a->sh.d == 64 ? stage4_launch<64>(a, why, n) : stage4_launch<128>(a, why, n);
+    if (a->counters) return a->sh.d == 64 ? stage4_launch<64, true>(a, why, n) : stage4_launch<128, true>(a, why, n);
+    return a->sh.d == 64 ? stage4_launch<64, false>(a, why, n) : stage4_launch<128, false>(a, why, n);
 }
 
 extern "C" const struct stage stage4_desc = {
@@ -387,4 +420,5 @@ extern "C" const struct stage stage4_desc = {
     .dtypes = DT_F16,
     .workspace_bytes = stage4_workspace_bytes,
     .openmp = 0,
+    .hbm_traffic = stage4_hbm_traffic,
 };

@@ -1,0 +1,398 @@
+/* 06_loop_swap.cu: FlashAttention forward with the loops swapped (FA-2 paper, section 3.1.1)
+ *
+ * Changed from stage 5: the outer loop walks the Q tiles Q_i and the inner loop the K/V tiles
+ *   K_j, V_j. Q_i is loaded once; O_i (in registers), m_i and l_i stay on chip for the whole
+ *   sweep over K/V, and O_i and L are written once, when the sweep ends. No workspace.
+ * Why: with K/V outer, a Q tile's partial result must wait a whole outer step for its next
+ *   update, so stages 4 and 5 park O_i, l_i, m_i in HBM and read Q_i again on every inner step:
+ *   O(N^2 / Bc) traffic. With Q outer, a Q tile's sweep is finished before the next one starts and
+ *   its state never leaves the chip; K_j, V_j are now read once per Q tile instead. Everything else
+ *   is stage 5's: one block per (batch, head), sliced-K warps combining through shared memory.
+ * Measured on H200: see notes/06_loop_swap.md.
+ * Run: ./stage6 --seqlen 4096 --dim 64 --causal --counters
+ */
+#include "common/attn.h"
+#include "common/cuda/counters.cuh"
+#include "common/cuda/cuda_check.h"
+#include "common/cuda/mma.cuh"
+
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdio.h>
+
+/* ---- configuration ---- */
+
+#define LOG2E 1.4426950408889634f /* exp(x) = exp2(x * LOG2E) */
+#define LN2 0.6931471805599453f   /* log(x) = log2(x) * LN2: turns m (log2 domain) back into nats */
+#define WARP_SIZE 32
+#define FULL_MASK 0xffffffffu
+
+/* Four warps per block. With sliced K each warp owns KEYS_PER_WARP = Bc / NWARPS keys of K_j
+ * and V_j, which must be one k16 step of the P_ij V_j product: 16 keys. */
+static constexpr int NWARPS = 4;
+static constexpr int NTHREADS = NWARPS * WARP_SIZE;
+static constexpr int Bc = 64;                            /* keys per K/V tile */
+static constexpr int KEYS_PER_WARP = Bc / NWARPS;        /* 16: one k16 step of mma */
+/* Br = 32 query rows per Q tile (one outer step). Sliced K makes every warp produce a partial O for all Br
+ * rows (its keys touch every row): Br x D fp32 per warp, Br * D / 32 registers per thread
+ * (128 at D = 128; each of its tiles is a single mma, so the compiler can store them to shared
+ * memory as they finish), and NWARPS of them meet in shared memory: 68 KiB at D = 128, 112 KiB in
+ * all with K_j, V_j, Q_i. Br = 64 would double the partials to 190 KiB in all, past the A100's
+ * 163 KiB opt-in limit; smaller Br would load K_j, V_j fragments for fewer rows each time. */
+static constexpr int Br = 32;
+static constexpr int M_TILES = Br / 16;                  /* m16 row tiles of the mma */
+
+static_assert(KEYS_PER_WARP * NWARPS == Bc, "the warps' key slices must cover K_j exactly");
+static_assert(KEYS_PER_WARP == 16, "each warp's slice of P_ij must be one k16 A fragment");
+static_assert(Br % 16 == 0, "Br must be whole m16 tiles");
+static_assert(Bc % Br == 0, "the causal loop bounds assume Br divides Bc");
+static_assert(Br <= NTHREADS, "one thread per row computes the row factors");
+
+/* Shared-memory row padding against bank conflicts.
+ * fp16 tiles: a row of D halves is a multiple of 128 bytes, so the 8 rows one ldmatrix reads
+ *   would all start in the same bank. +8 halves (16 bytes) moves each row 4 banks on: the 8 rows
+ *   cover all 32 banks, and rows stay 16-byte aligned for cp.async and ldmatrix.
+ * fp32 partial O: a warp writes float2 at rows g (0..7) and columns 2t (0..6); with a stride of
+ *   D floats (a multiple of 32) the rows collide. +8 floats puts row g at bank 8g: a half-warp's
+ *   sixteen 8-byte stores hit 32 distinct banks, and rows stay 16-byte aligned for float4. */
+static constexpr int HALF_PAD = 8;
+static constexpr int FLOAT_PAD = 8;
+
+/* Dynamic shared memory, computed from the tile sizes (byte offsets, then the total). */
+template <int D>
+struct stage6_smem {
+    static constexpr int LDH = D + HALF_PAD;   /* row stride of K_j, V_j, Q_i (halves) */
+    static constexpr int LDF = D + FLOAT_PAD;  /* row stride of the partial O (floats) */
+    static constexpr size_t K_j = 0;                                               /* [Bc][LDH] fp16 */
+    static constexpr size_t V_j = K_j + sizeof(__half) * Bc * LDH;                 /* [Bc][LDH] fp16 */
+    static constexpr size_t Q_i = V_j + sizeof(__half) * Bc * LDH;                 /* [Br][LDH] fp16 */
+    static constexpr size_t O_part = Q_i + sizeof(__half) * Br * LDH;              /* [NWARPS][Br][LDF] */
+    static constexpr size_t row_max = O_part + sizeof(float) * NWARPS * Br * LDF;  /* [NWARPS][Br] */
+    static constexpr size_t row_sum = row_max + sizeof(float) * NWARPS * Br;       /* [NWARPS][Br] */
+    static constexpr size_t m_old = row_sum + sizeof(float) * NWARPS * Br;         /* [Br] */
+    static constexpr size_t alpha = m_old + sizeof(float) * Br;                    /* [Br] */
+    static constexpr size_t inv_l = alpha + sizeof(float) * Br;                    /* [Br] */
+    static constexpr size_t bytes = inv_l + sizeof(float) * Br;
+    static_assert(D % 16 == 0, "head dim must be whole k16 steps");
+    static_assert(O_part % 16 == 0, "partial O must be 16-byte aligned for float4");
+};
+
+/* ---- kernel ---- */
+
+/* Rows row0 .. row0+ROWS-1 of one head's [N, D] fp16 matrix into a shared tile with row stride
+ * LDH, 16 bytes per cp.async. Rows at or past N are zero-filled (and never read from HBM). */
+template <int D, int ROWS>
+static __device__ __forceinline__ void stage6_load_tile(__half *tile, const __half *src, int row0, int N)
+{
+    constexpr int LDH = stage6_smem<D>::LDH;
+    constexpr int CHUNKS = D / 8; /* 16-byte pieces per row */
+    for (int c = threadIdx.x; c < ROWS * CHUNKS; c += NTHREADS) {
+        const int r = c / CHUNKS, col = (c % CHUNKS) * 8;
+        const bool valid = row0 + r < N;
+        const __half *from = src + (size_t)(valid ? row0 + r : 0) * D + col;
+        cp_async_16_zfill(tile + r * LDH + col, from, valid);
+    }
+}
+
+/* COUNT: the counting build for --counters (common/cuda/counters.cuh); the timed build has none. */
+template <int D, bool COUNT>
+static __global__ void __launch_bounds__(NTHREADS)
+stage6_swapped_kernel(const __half *__restrict__ Q, const __half *__restrict__ K, const __half *__restrict__ V,
+                      __half *__restrict__ O, float *__restrict__ L, int N, int causal, float scale_log2,
+                      unsigned long long *counters)
+{
+    typedef stage6_smem<D> SM;
+    constexpr int LDH = SM::LDH, LDF = SM::LDF;
+    /* The combine gives each thread COMBINE_PER_THREAD float4 pieces of the Br x D tile O_i. */
+    constexpr int COMBINE_PER_THREAD = Br * (D / 4) / NTHREADS;
+    static_assert(Br * (D / 4) % NTHREADS == 0, "O_i must split evenly into float4 pieces per thread");
+    extern __shared__ __align__(16) unsigned char smem[];
+    __half *K_j = (__half *)(smem + SM::K_j);
+    __half *V_j = (__half *)(smem + SM::V_j);
+    __half *Q_i = (__half *)(smem + SM::Q_i);
+    float *O_part = (float *)(smem + SM::O_part);   /* each warp's P_ij V_j slice product */
+    float *row_max = (float *)(smem + SM::row_max); /* each warp's rowmax over its keys */
+    float *row_sum = (float *)(smem + SM::row_sum); /* each warp's rowsum over its keys */
+    float *m_old = (float *)(smem + SM::m_old);     /* m_i as it was before this step */
+    float *alpha = (float *)(smem + SM::alpha);     /* e^(m_i - m_new): the correction */
+    float *inv_l = (float *)(smem + SM::inv_l);     /* 1 / l_i, used on the sweep's last step only */
+
+    const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
+    const int g = lane >> 2, t = lane & 3;          /* groupID, tid_in_group (see mma.cuh) */
+    const int key0 = warp * KEYS_PER_WARP;          /* this warp's slice of K_j, V_j */
+
+    /* One block per (batch, head): move every pointer to this head. */
+    const size_t bh = blockIdx.x, head = bh * N * D;
+    Q += head, K += head, V += head, O += head, L += bh * N;
+
+    const int Tr = CEIL_DIV(N, Br), Tc = CEIL_DIV(N, Bc);
+    work_tally<COUNT> tally;
+
+    for (int i = 0; i < Tr; i++) {
+        const int j_last = causal ? min(Tc - 1, ((i + 1) * Br - 1) / Bc) : Tc - 1; /* causal: K/V tiles wholly
+                                                                                     * right of the diagonal skipped */
+        /* Q_i: HBM -> shared memory once, read by every inner step: its only load; and the first
+         * K_j, V_j of the sweep (the later ones are fetched one step ahead, below). */
+        stage6_load_tile<D, Br>(Q_i, Q, i * Br, N);
+        stage6_load_tile<D, Bc>(K_j, K, 0, N);
+        stage6_load_tile<D, Bc>(V_j, V, 0, N);
+        cp_async_commit();
+
+        /* O_i, m_i, l_i start the sweep at O_i = 0, m_i = -inf, l_i = 0 and stay on chip until it
+         * ends: O_i in registers (this thread's pieces of it, in the combine's layout), m_i and l_i
+         * in the registers of the thread that owns the row. Nothing goes back to HBM in between. */
+        float4 O_acc[COMBINE_PER_THREAD];
+#pragma unroll
+        for (int k = 0; k < COMBINE_PER_THREAD; k++) O_acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+        float m_i = -INFINITY, l_i = 0.f; /* one thread per row */
+
+        for (int j = 0; j <= j_last; j++) {
+            const bool last = (j == j_last);
+
+            /* every warp needs m_i for P_ij = exp(S_ij - m_new). Safe to overwrite: the previous
+             * step's readers of m_old finished before its third barrier. */
+            if (tid < Br) m_old[tid] = m_i;
+            cp_async_wait<0>();
+            __syncthreads(); /* K_j, V_j (and Q_i on the first inner step) in shared memory */
+
+            /* S_ij = scale * Q_i K_j^T, this warp's 16 keys for all Br rows. */
+            float S_ij[M_TILES][2][4] = {}; /* [m16 row tile][n8 key tile][C fragment] */
+#pragma unroll
+            for (int k = 0; k < D; k += 16) {
+                uint32_t Kf[4]; /* B fragments: Kf[0..1] keys 0-7, Kf[2..3] keys 8-15 */
+                ldmatrix_x4(Kf, K_j + (key0 + (lane & 7) + ((lane >> 4) << 3)) * LDH + k + (((lane >> 3) & 1) << 3));
+#pragma unroll
+                for (int mt = 0; mt < M_TILES; mt++) {
+                    uint32_t Qf[4]; /* A fragment: rows mt*16 .. +15, columns k .. k+15 */
+                    ldmatrix_x4(Qf, Q_i + (mt * 16 + (lane & 15)) * LDH + k + ((lane >> 4) << 3));
+                    mma_m16n8k16_f16(S_ij[mt][0], Qf, &Kf[0]);
+                    mma_m16n8k16_f16(S_ij[mt][1], Qf, &Kf[2]);
+                }
+            }
+
+            /* Scale into the log2 domain and mask, then this warp's part of m~_ij = rowmax(S_ij).
+             * C fragment: S_ij[mt][nt][2h + e] is row mt*16 + 8h + g, key nt*8 + 2t + e. */
+#pragma unroll
+            for (int mt = 0; mt < M_TILES; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int r = mt * 16 + 8 * h + g, query = i * Br + r;
+                    float mx = -INFINITY;
+#pragma unroll
+                    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                        for (int e = 0; e < 2; e++) {
+                            const int key = j * Bc + key0 + nt * 8 + 2 * t + e;
+                            float s = S_ij[mt][nt][2 * h + e] * scale_log2;
+                            if (key >= N || (causal && key > query)) s = -INFINITY; /* tail, causal mask */
+                            S_ij[mt][nt][2 * h + e] = s;
+                            mx = fmaxf(mx, s);
+                        }
+                    /* the four lanes of a quad hold the same row: reduce across them */
+                    mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
+                    mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
+                    if (t == 0) row_max[warp * Br + r] = mx;
+                }
+            __syncthreads(); /* every warp's partial row max, and m_old, in shared memory before any
+                              * reads them; past this barrier no warp reads K_j again */
+
+            /* K_{j+1}: HBM -> shared memory now, overlapping the rest of this step (as stage 5
+             * fetched Q_{i+1}: the inner loop's operand, started as soon as its buffer is free). */
+            if (j < j_last) stage6_load_tile<D, Bc>(K_j, K, (j + 1) * Bc, N);
+
+            /* m_new = max(m_i, rowmax(S_ij)) over the warps; P_ij = exp(S_ij - m_new), already
+             * relative to the new running max, so P_ij V_j needs no rescaling; this warp's part
+             * of rowsum(P_ij). A row masked so far has m_new = -inf: subtract 0 instead, so
+             * P_ij = exp2(-inf) = 0, not exp2(-inf + inf) = NaN. */
+#pragma unroll
+            for (int mt = 0; mt < M_TILES; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int r = mt * 16 + 8 * h + g;
+                    float m_new = m_old[r];
+#pragma unroll
+                    for (int w = 0; w < NWARPS; w++) m_new = fmaxf(m_new, row_max[w * Br + r]);
+                    const float base = m_new == -INFINITY ? 0.f : m_new;
+                    float sum = 0.f;
+#pragma unroll
+                    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                        for (int e = 0; e < 2; e++) {
+                            const float p = exp2_approx(S_ij[mt][nt][2 * h + e] - base);
+                            S_ij[mt][nt][2 * h + e] = p;
+                            sum += p;
+                        }
+                    sum += __shfl_xor_sync(FULL_MASK, sum, 1);
+                    sum += __shfl_xor_sync(FULL_MASK, sum, 2);
+                    if (t == 0) row_sum[warp * Br + r] = sum;
+                }
+
+            /* P_ij as fp16 A fragments: the C layout of the two n8 key tiles is the A layout of
+             * one k16 tile (mma.cuh), so P never leaves registers. */
+            uint32_t P_ij[M_TILES][4];
+#pragma unroll
+            for (int mt = 0; mt < M_TILES; mt++) {
+                P_ij[mt][0] = pack_half2(S_ij[mt][0][0], S_ij[mt][0][1]); /* row g,   keys 2t..   */
+                P_ij[mt][1] = pack_half2(S_ij[mt][0][2], S_ij[mt][0][3]); /* row g+8, keys 2t..   */
+                P_ij[mt][2] = pack_half2(S_ij[mt][1][0], S_ij[mt][1][1]); /* row g,   keys 8+2t.. */
+                P_ij[mt][3] = pack_half2(S_ij[mt][1][2], S_ij[mt][1][3]); /* row g+8, keys 8+2t.. */
+            }
+
+            /* This warp's partial P_ij V_j = P_ij[:, slice] V_j[slice, :], Br x D in fp32. */
+            float O_w[M_TILES][D / 8][4] = {}; /* [m16 row tile][n8 column tile][C fragment] */
+#pragma unroll
+            for (int n = 0; n < D; n += 16) {
+                uint32_t Vf[4]; /* B fragments: Vf[0..1] columns n..n+7, Vf[2..3] columns n+8.. */
+                ldmatrix_x4_trans(Vf, V_j + (key0 + (lane & 15)) * LDH + n + ((lane >> 4) << 3));
+#pragma unroll
+                for (int mt = 0; mt < M_TILES; mt++) {
+                    mma_m16n8k16_f16(O_w[mt][n / 8], P_ij[mt], &Vf[0]);
+                    mma_m16n8k16_f16(O_w[mt][n / 8 + 1], P_ij[mt], &Vf[2]);
+                }
+            }
+            float *O_mine = O_part + warp * Br * LDF;
+#pragma unroll
+            for (int mt = 0; mt < M_TILES; mt++)
+#pragma unroll
+                for (int nt = 0; nt < D / 8; nt++) {
+                    const int r = mt * 16 + g, c = nt * 8 + 2 * t;
+                    *(float2 *)&O_mine[r * LDF + c] = make_float2(O_w[mt][nt][0], O_w[mt][nt][1]);
+                    *(float2 *)&O_mine[(r + 8) * LDF + c] = make_float2(O_w[mt][nt][2], O_w[mt][nt][3]);
+                }
+            __syncthreads(); /* all partial sums and partial O in shared memory before the combine;
+                              * past this barrier no warp reads V_j again */
+
+            /* V_{j+1}, likewise, overlapping the combine and the next step's S_ij */
+            if (j < j_last) stage6_load_tile<D, Bc>(V_j, V, (j + 1) * Bc, N);
+            cp_async_commit();
+
+            /* Row factors, one thread per row r:
+             *   m_new = max(m_i, rowmax(S_ij))
+             *   alpha = e^(m_i - m_new)                      the correction of O_i and l_i
+             *   l_new = alpha l_i + rowsum(P_ij)
+             *   inv_l = 1 / l_new                            needed on the sweep's last step only
+             * (exponentials are exp2: m is kept in the log2 domain). */
+            if (tid < Br) {
+                const int r = tid, query = i * Br + r;
+                float m_new = m_i, l_tilde = 0.f;
+#pragma unroll
+                for (int w = 0; w < NWARPS; w++) {
+                    m_new = fmaxf(m_new, row_max[w * Br + r]);
+                    l_tilde += row_sum[w * Br + r];
+                }
+                const float base = m_new == -INFINITY ? 0.f : m_new; /* all masked so far: no NaN */
+                const float e_i = exp2_approx(m_i - base);
+                const float l_new = e_i * l_i + l_tilde;
+                alpha[r] = e_i;
+                if (last) inv_l[r] = l_new > 0.f ? 1.f / l_new : 0.f; /* an all-masked row gives O = 0 */
+                if (last && query < N) /* L = m + log(l) in nats: the logsumexp the backward needs */
+                    L[query] = m_new * LN2 + logf(l_new);
+                m_i = m_new, l_i = l_new; /* on chip, for the next K/V tile */
+            }
+            __syncthreads(); /* alpha, inv_l in shared memory before the combine reads them */
+
+            /* O_i <- diag(e^(m_i - m_new)) O_i + P_ij V_j    (unnormalized)
+             *      = alpha * O_i + sum over warps of the partial P_ij V_j,
+             * and on the row's last step only, O_i <- diag(l_new)^-1 O_i.
+             * Four consecutive columns per thread, consecutive threads along a row: coalesced. */
+#pragma unroll
+            for (int k = 0; k < COMBINE_PER_THREAD; k++) {
+                const int c = tid + k * NTHREADS, r = c / (D / 4), col = (c % (D / 4)) * 4, query = i * Br + r;
+                if (query >= N) continue; /* rows past N are never read or written */
+                if (col == 0) tally.add(CNT_ROW_CORRECT); /* each O row, every step */
+                float4 PV = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+                for (int w = 0; w < NWARPS; w++) {
+                    const float4 p = *(const float4 *)&O_part[(w * Br + r) * LDF + col];
+                    PV.x += p.x, PV.y += p.y, PV.z += p.z, PV.w += p.w;
+                }
+                const float a = alpha[r];
+                O_acc[k] = make_float4(a * O_acc[k].x + PV.x, a * O_acc[k].y + PV.y,
+                                       a * O_acc[k].z + PV.z, a * O_acc[k].w + PV.w);
+                if (last) { /* the one normalization; O_i, in fp16, to the output: its one HBM write */
+                    const float il = inv_l[r];
+                    if (col == 0) tally.add(CNT_ROW_NORMALIZE);
+                    const float4 O_fin = make_float4(O_acc[k].x * il, O_acc[k].y * il, O_acc[k].z * il, O_acc[k].w * il);
+                    *(uint2 *)&O[(size_t)query * D + col] =
+                        make_uint2(pack_half2(O_fin.x, O_fin.y), pack_half2(O_fin.z, O_fin.w));
+                }
+            }
+            /* No barrier here: the next step writes no shared memory before its first barrier
+             * but m_old, whose readers are done (above); O_part, row_max, row_sum, alpha and
+             * inv_l are rewritten only after that barrier. */
+        }
+        /* No barrier here either: the next Q_i, K_0, V_0 go into buffers whose last readers were
+         * before this sweep's final second and third barriers. */
+    }
+    tally.flush(counters);
+}
+
+/* ---- launcher ---- */
+
+/* The HBM bytes the loop structure moves, walking the (i, j) steps the kernel takes (rows past N
+ * are zero-filled, never read): Q_i once; K_j, V_j on every step; O (fp16) and L once. Nothing
+ * else: O_i, m_i, l_i never leave the chip. */
+static void stage6_hbm_traffic(const struct shape *sh, struct hbm_traffic *t)
+{
+    const int N = sh->N, Tr = CEIL_DIV(N, Br), Tc = CEIL_DIV(N, Bc);
+    double kv_rows = 0; /* per head: K (and V) rows read */
+    for (int i = 0; i < Tr; i++) {
+        const int j_last = sh->causal ? min(Tc - 1, ((i + 1) * Br - 1) / Bc) : Tc - 1;
+        for (int j = 0; j <= j_last; j++) kv_rows += min(Bc, N - j * Bc);
+    }
+    const double heads = (double)sh->B * sh->H, d = sh->d;
+    t->Q = heads * N * d * sizeof(__half);
+    t->KV = heads * 2.0 * kv_rows * d * sizeof(__half);
+    t->O = heads * N * d * sizeof(__half);
+    t->O_work = 0;
+    t->rowstats = heads * N * sizeof(float); /* L */
+    t->q_reads = 1;
+}
+
+template <int D, bool COUNT>
+static int stage6_launch(const struct attn_args *a, char *why, size_t n)
+{
+    const size_t smem = stage6_smem<D>::bytes;
+    int dev = 0, optin = 0;
+    CUDA_TRY(cudaGetDevice(&dev));
+    CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    if (smem > (size_t)optin) {
+        snprintf(why, n, "stage6: d=%d needs %zu bytes of shared memory per block; this device allows %d",
+                 D, smem, optin);
+        return 1;
+    }
+    CUDA_TRY(cudaFuncSetAttribute(stage6_swapped_kernel<D, COUNT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+
+    const struct shape *sh = &a->sh;
+    const dim3 grid(sh->B * sh->H); /* still one block per (batch, head) */
+    const dim3 block(NTHREADS);
+    stage6_swapped_kernel<D, COUNT><<<grid, block, smem>>>((const __half *)a->Q, (const __half *)a->K,
+                                                           (const __half *)a->V, (__half *)a->O, a->L, sh->N,
+                                                           sh->causal, sh->scale * LOG2E, a->counters);
+    CUDA_TRY(cudaGetLastError());
+    return 0;
+}
+
+static int stage6_forward(const struct attn_args *a, char *why, size_t n)
+{
+    if (a->dtype != DT_F16 || (a->sh.d != 64 && a->sh.d != 128)) {
+        snprintf(why, n, "stage6 supports fp16 with head dim 64 or 128 (got %s, d=%d)",
+                 dtype_name(a->dtype), a->sh.d);
+        return 1;
+    }
+    if (a->counters) return a->sh.d == 64 ? stage6_launch<64, true>(a, why, n) : stage6_launch<128, true>(a, why, n);
+    return a->sh.d == 64 ? stage6_launch<64, false>(a, why, n) : stage6_launch<128, false>(a, why, n);
+}
+
+extern "C" const struct stage stage6_desc = {
+    .name = "stage6",
+    .idea = "loops swapped: Q tiles outer, K/V inner; Q read once, O, l, m on chip, O written once",
+    .device = ON_GPU,
+    .forward = stage6_forward,
+    .backward = NULL,
+    .dims = {64, 128},
+    .dtypes = DT_F16,
+    .workspace_bytes = NULL,
+    .openmp = 0,
+    .hbm_traffic = stage6_hbm_traffic,
+};

@@ -1,0 +1,312 @@
+/* 07_warp_partition.cu: FlashAttention forward with the Q tile split across warps (FA-2 paper, section 3.3)
+ *
+ * Changed from stage 6: each warp owns 16 rows of the Q tile end to end ("split Q") instead of 16
+ *   keys of the K/V tile ("sliced K"). A warp computes all Bc scores of its rows, so the row max,
+ *   the row sum, m_i, l_i and its rows of O_i live in that warp's registers: no partial results
+ *   meet in shared memory, no per-row factors pass between threads, and the only barriers are the
+ *   ones that hand K_j and V_j from the loads to the warps. P_ij goes from the S_ij accumulators
+ *   to fp16 A fragments in registers and straight into the P_ij V_j mma.
+ * Why: in stage 6 every K/V step writes four partial Br x d products to shared memory, reads them
+ *   back and passes through four barriers; the warps wait on each other and on shared memory
+ *   instead of issuing mma. With no exchange the shared memory holds only Q_i, K_j, V_j, which
+ *   also leaves room for Br = 64 (stage 6 needed 68 KiB of partial products at Br = 32, d = 128),
+ *   halving how often K and V are re-read.
+ * Measured on H200: see notes/07_warp_partition.md.
+ * Run: ./stage7 --seqlen 4096 --dim 64 --causal --counters
+ */
+#include "common/attn.h"
+#include "common/cuda/counters.cuh"
+#include "common/cuda/cuda_check.h"
+#include "common/cuda/mma.cuh"
+
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdio.h>
+
+/* ---- configuration ---- */
+
+#define LOG2E 1.4426950408889634f /* exp(x) = exp2(x * LOG2E) */
+#define LN2 0.6931471805599453f   /* log(x) = log2(x) * LN2: turns m (log2 domain) back into nats */
+#define WARP_SIZE 32
+#define FULL_MASK 0xffffffffu
+
+/* Four warps per block, as before. With split Q each warp owns ROWS_PER_WARP = 16 rows of Q_i,
+ * one m16 tile of the mma, so Br = 64; Bc stays 64. Per thread that is 16 x D / 32 fp32 of O_i
+ * (64 registers at D = 128) and 16 x Bc / 32 of S_ij (32): well inside the 255 a thread may use. */
+static constexpr int NWARPS = 4;
+static constexpr int NTHREADS = NWARPS * WARP_SIZE;
+static constexpr int ROWS_PER_WARP = 16;                 /* one m16 tile of the mma */
+static constexpr int Br = NWARPS * ROWS_PER_WARP;        /* 64 query rows per Q tile */
+static constexpr int Bc = 64;                            /* keys per K/V tile */
+
+static_assert(Bc % 16 == 0, "K_j must be whole k16 steps of the P_ij V_j product");
+static_assert(Bc % Br == 0, "the causal loop bounds assume Br divides Bc");
+
+/* Shared-memory row padding against bank conflicts: a row of D halves is a multiple of 128
+ * bytes, so the 8 rows one ldmatrix reads would all start in the same bank. +8 halves (16 bytes)
+ * moves each row 4 banks on: the 8 rows cover all 32 banks, and rows stay 16-byte aligned for
+ * cp.async and ldmatrix. */
+static constexpr int HALF_PAD = 8;
+
+/* Dynamic shared memory, computed from the tile sizes (byte offsets, then the total): only the
+ * three input tiles now. */
+template <int D>
+struct stage7_smem {
+    static constexpr int LDH = D + HALF_PAD;   /* row stride of K_j, V_j, Q_i (halves) */
+    static constexpr size_t K_j = 0;                                               /* [Bc][LDH] fp16 */
+    static constexpr size_t V_j = K_j + sizeof(__half) * Bc * LDH;                 /* [Bc][LDH] fp16 */
+    static constexpr size_t Q_i = V_j + sizeof(__half) * Bc * LDH;                 /* [Br][LDH] fp16 */
+    static constexpr size_t bytes = Q_i + sizeof(__half) * Br * LDH;
+    static_assert(D % 16 == 0, "head dim must be whole k16 steps");
+};
+
+/* ---- kernel ---- */
+
+/* Rows row0 .. row0+ROWS-1 of one head's [N, D] fp16 matrix into a shared tile with row stride
+ * LDH, 16 bytes per cp.async. Rows at or past N are zero-filled (and never read from HBM). */
+template <int D, int ROWS>
+static __device__ __forceinline__ void stage7_load_tile(__half *tile, const __half *src, int row0, int N)
+{
+    constexpr int LDH = stage7_smem<D>::LDH;
+    constexpr int CHUNKS = D / 8; /* 16-byte pieces per row */
+    for (int c = threadIdx.x; c < ROWS * CHUNKS; c += NTHREADS) {
+        const int r = c / CHUNKS, col = (c % CHUNKS) * 8;
+        const bool valid = row0 + r < N;
+        const __half *from = src + (size_t)(valid ? row0 + r : 0) * D + col;
+        cp_async_16_zfill(tile + r * LDH + col, from, valid);
+    }
+}
+
+/* COUNT: the counting build for --counters (common/cuda/counters.cuh); the timed build has none. */
+template <int D, bool COUNT>
+static __global__ void __launch_bounds__(NTHREADS)
+stage7_split_q_kernel(const __half *__restrict__ Q, const __half *__restrict__ K, const __half *__restrict__ V,
+                      __half *__restrict__ O, float *__restrict__ L, int N, int causal, float scale_log2,
+                      unsigned long long *counters)
+{
+    typedef stage7_smem<D> SM;
+    constexpr int LDH = SM::LDH;
+    constexpr int KT = Bc / 8;   /* n8 key tiles of S_ij */
+    constexpr int DT = D / 8;    /* n8 column tiles of O_i */
+    extern __shared__ __align__(16) unsigned char smem[];
+    __half *K_j = (__half *)(smem + SM::K_j);
+    __half *V_j = (__half *)(smem + SM::V_j);
+    __half *Q_i = (__half *)(smem + SM::Q_i);
+
+    const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
+    const int g = lane >> 2, t = lane & 3;          /* groupID, tid_in_group (see mma.cuh) */
+    const int row0 = warp * ROWS_PER_WARP;          /* this warp's rows of Q_i, O_i */
+
+    /* One block per (batch, head): move every pointer to this head. */
+    const size_t bh = blockIdx.x, head = bh * N * D;
+    Q += head, K += head, V += head, O += head, L += bh * N;
+
+    const int Tr = CEIL_DIV(N, Br), Tc = CEIL_DIV(N, Bc);
+    work_tally<COUNT> tally;
+
+    for (int i = 0; i < Tr; i++) {
+        const int j_last = causal ? min(Tc - 1, ((i + 1) * Br - 1) / Bc) : Tc - 1; /* causal: K/V tiles wholly
+                                                                                     * right of the diagonal skipped */
+        /* Q_i: HBM -> shared memory once, read by every inner step: its only load; and the first
+         * K_j of the sweep (V_j is fetched at the top of each step, K_{j+1} half way through). */
+        stage7_load_tile<D, Br>(Q_i, Q, i * Br, N);
+        stage7_load_tile<D, Bc>(K_j, K, 0, N);
+        cp_async_commit();
+
+        /* This lane's rows are row0 + g and row0 + g + 8 (h = 0, 1): their m_i and l_i (the same
+         * in all four lanes of the quad), and their pieces of O_i as C fragments. All of it stays
+         * in this warp's registers for the whole sweep. */
+        float O_acc[DT][4] = {};  /* [n8 column tile][C fragment]: (row g + 8h, column 8nt + 2t + e) */
+        float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};
+
+        for (int j = 0; j <= j_last; j++) {
+            cp_async_wait<0>();
+            __syncthreads(); /* K_j (and Q_i on the first step) in shared memory; every warp is done
+                              * with V_{j-1}, so its buffer is free */
+
+            /* V_j: HBM -> shared memory now, overlapping S_ij and the softmax below */
+            stage7_load_tile<D, Bc>(V_j, V, j * Bc, N);
+            cp_async_commit();
+
+            /* S_ij = scale * Q_i K_j^T, this warp's 16 rows for all Bc keys. */
+            float S_ij[KT][4] = {}; /* [n8 key tile][C fragment] */
+#pragma unroll
+            for (int k = 0; k < D; k += 16) {
+                uint32_t Qf[4]; /* A fragment: this warp's 16 rows, columns k .. k+15 */
+                ldmatrix_x4(Qf, Q_i + (row0 + (lane & 15)) * LDH + k + ((lane >> 4) << 3));
+#pragma unroll
+                for (int kb = 0; kb < Bc / 16; kb++) {
+                    uint32_t Kf[4]; /* B fragments: Kf[0..1] keys 16kb .. +7, Kf[2..3] keys 16kb+8 .. +15 */
+                    ldmatrix_x4(Kf, K_j + (kb * 16 + (lane & 7) + ((lane >> 4) << 3)) * LDH + k + (((lane >> 3) & 1) << 3));
+                    mma_m16n8k16_f16(S_ij[2 * kb], Qf, &Kf[0]);
+                    mma_m16n8k16_f16(S_ij[2 * kb + 1], Qf, &Kf[2]);
+                }
+            }
+
+            /* The online softmax, per row, in registers: scale into the log2 domain and mask;
+             *   m_new = max(m_i, rowmax(S_ij))
+             *   P_ij  = exp(S_ij - m_new)
+             *   alpha = e^(m_i - m_new);  l_i <- alpha l_i + rowsum(P_ij);  O_i <- diag(alpha) O_i
+             * C fragment: S_ij[nt][2h + e] is row row0 + 8h + g, key nt*8 + 2t + e. The four lanes of
+             * a quad hold the same row: rowmax and rowsum finish with two shuffles, not shared memory.
+             * A row masked so far has m_new = -inf: subtract 0 instead, so P_ij = exp2(-inf) = 0,
+             * not exp2(-inf + inf) = NaN. */
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int query = i * Br + row0 + 8 * h + g;
+                float mx = -INFINITY;
+#pragma unroll
+                for (int nt = 0; nt < KT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int key = j * Bc + nt * 8 + 2 * t + e;
+                        float s = S_ij[nt][2 * h + e] * scale_log2;
+                        if (key >= N || (causal && key > query)) s = -INFINITY; /* tail, causal mask */
+                        S_ij[nt][2 * h + e] = s;
+                        mx = fmaxf(mx, s);
+                    }
+                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
+                const float m_new = fmaxf(m_i[h], mx);
+                const float base = m_new == -INFINITY ? 0.f : m_new;
+                float sum = 0.f;
+#pragma unroll
+                for (int nt = 0; nt < KT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const float p = exp2_approx(S_ij[nt][2 * h + e] - base);
+                        S_ij[nt][2 * h + e] = p;
+                        sum += p;
+                    }
+                sum += __shfl_xor_sync(FULL_MASK, sum, 1);
+                sum += __shfl_xor_sync(FULL_MASK, sum, 2);
+                const float alpha = exp2_approx(m_i[h] - base);
+                l_i[h] = alpha * l_i[h] + sum;
+                m_i[h] = m_new;
+#pragma unroll
+                for (int nt = 0; nt < DT; nt++) { /* the correction of this row of O_i */
+                    O_acc[nt][2 * h] *= alpha;
+                    O_acc[nt][2 * h + 1] *= alpha;
+                }
+                if (t == 0 && query < N) tally.add(CNT_ROW_CORRECT); /* each O row, every step */
+            }
+
+            /* P_ij as fp16 A fragments, one per k16 step over the keys: the C layout of two n8 key
+             * tiles is the A layout of one k16 tile (mma.cuh), so P never leaves registers. */
+            uint32_t P_ij[Bc / 16][4];
+#pragma unroll
+            for (int kb = 0; kb < Bc / 16; kb++) {
+                P_ij[kb][0] = pack_half2(S_ij[2 * kb][0], S_ij[2 * kb][1]);         /* row g,   keys 2t..   */
+                P_ij[kb][1] = pack_half2(S_ij[2 * kb][2], S_ij[2 * kb][3]);         /* row g+8, keys 2t..   */
+                P_ij[kb][2] = pack_half2(S_ij[2 * kb + 1][0], S_ij[2 * kb + 1][1]); /* row g,   keys 8+2t.. */
+                P_ij[kb][3] = pack_half2(S_ij[2 * kb + 1][2], S_ij[2 * kb + 1][3]); /* row g+8, keys 8+2t.. */
+            }
+
+            cp_async_wait<0>();
+            __syncthreads(); /* V_j in shared memory; every warp is done with K_j, so its buffer is free */
+
+            /* K_{j+1}: HBM -> shared memory now, overlapping P_ij V_j */
+            if (j < j_last) stage7_load_tile<D, Bc>(K_j, K, (j + 1) * Bc, N);
+            cp_async_commit();
+
+            /* O_i += P_ij V_j, this warp's 16 rows, accumulated in place in fp32 */
+#pragma unroll
+            for (int kb = 0; kb < Bc / 16; kb++)
+#pragma unroll
+                for (int n = 0; n < D; n += 16) {
+                    uint32_t Vf[4]; /* B fragments: Vf[0..1] columns n..n+7, Vf[2..3] columns n+8.. */
+                    ldmatrix_x4_trans(Vf, V_j + (kb * 16 + (lane & 15)) * LDH + n + ((lane >> 4) << 3));
+                    mma_m16n8k16_f16(O_acc[n / 8], P_ij[kb], &Vf[0]);
+                    mma_m16n8k16_f16(O_acc[n / 8 + 1], P_ij[kb], &Vf[2]);
+                }
+        }
+
+        /* The sweep is over: the one normalization, O_i = diag(l_i)^-1 O_i, straight from the
+         * registers to HBM in fp16 (O_i's one write), and L = m + log(l) in nats for the backward.
+         * The next sweep's Q_i and K_0 go into buffers no warp reads any more (the last step's
+         * second barrier), and its first barrier protects V_j. */
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int query = i * Br + row0 + 8 * h + g;
+            if (query >= N) continue; /* rows past N are never written */
+            const float inv_l = l_i[h] > 0.f ? 1.f / l_i[h] : 0.f; /* an all-masked row gives O = 0 */
+            if (t == 0) tally.add(CNT_ROW_NORMALIZE);
+#pragma unroll
+            for (int nt = 0; nt < DT; nt++)
+                *(uint32_t *)&O[(size_t)query * D + nt * 8 + 2 * t] =
+                    pack_half2(O_acc[nt][2 * h] * inv_l, O_acc[nt][2 * h + 1] * inv_l);
+            if (t == 0) L[query] = m_i[h] * LN2 + logf(l_i[h]);
+        }
+    }
+    tally.flush(counters);
+}
+
+/* ---- launcher ---- */
+
+/* The HBM bytes the loop structure moves, walking the (i, j) steps the kernel takes (rows past N
+ * are zero-filled, never read): Q_i once; K_j, V_j on every step; O (fp16) and L once. Nothing
+ * else: O_i, m_i, l_i never leave the chip. */
+static void stage7_hbm_traffic(const struct shape *sh, struct hbm_traffic *t)
+{
+    const int N = sh->N, Tr = CEIL_DIV(N, Br), Tc = CEIL_DIV(N, Bc);
+    double kv_rows = 0; /* per head: K (and V) rows read */
+    for (int i = 0; i < Tr; i++) {
+        const int j_last = sh->causal ? min(Tc - 1, ((i + 1) * Br - 1) / Bc) : Tc - 1;
+        for (int j = 0; j <= j_last; j++) kv_rows += min(Bc, N - j * Bc);
+    }
+    const double heads = (double)sh->B * sh->H, d = sh->d;
+    t->Q = heads * N * d * sizeof(__half);
+    t->KV = heads * 2.0 * kv_rows * d * sizeof(__half);
+    t->O = heads * N * d * sizeof(__half);
+    t->O_work = 0;
+    t->rowstats = heads * N * sizeof(float); /* L */
+    t->q_reads = 1;
+}
+
+template <int D, bool COUNT>
+static int stage7_launch(const struct attn_args *a, char *why, size_t n)
+{
+    const size_t smem = stage7_smem<D>::bytes;
+    int dev = 0, optin = 0;
+    CUDA_TRY(cudaGetDevice(&dev));
+    CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    if (smem > (size_t)optin) {
+        snprintf(why, n, "stage7: d=%d needs %zu bytes of shared memory per block; this device allows %d",
+                 D, smem, optin);
+        return 1;
+    }
+    CUDA_TRY(cudaFuncSetAttribute(stage7_split_q_kernel<D, COUNT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+
+    const struct shape *sh = &a->sh;
+    const dim3 grid(sh->B * sh->H); /* still one block per (batch, head) */
+    const dim3 block(NTHREADS);
+    stage7_split_q_kernel<D, COUNT><<<grid, block, smem>>>((const __half *)a->Q, (const __half *)a->K,
+                                                           (const __half *)a->V, (__half *)a->O, a->L, sh->N,
+                                                           sh->causal, sh->scale * LOG2E, a->counters);
+    CUDA_TRY(cudaGetLastError());
+    return 0;
+}
+
+static int stage7_forward(const struct attn_args *a, char *why, size_t n)
+{
+    if (a->dtype != DT_F16 || (a->sh.d != 64 && a->sh.d != 128)) {
+        snprintf(why, n, "stage7 supports fp16 with head dim 64 or 128 (got %s, d=%d)",
+                 dtype_name(a->dtype), a->sh.d);
+        return 1;
+    }
+    if (a->counters) return a->sh.d == 64 ? stage7_launch<64, true>(a, why, n) : stage7_launch<128, true>(a, why, n);
+    return a->sh.d == 64 ? stage7_launch<64, false>(a, why, n) : stage7_launch<128, false>(a, why, n);
+}
+
+extern "C" const struct stage stage7_desc = {
+    .name = "stage7",
+    .idea = "split Q: each warp owns 16 rows end to end; no shared-memory exchange, P stays in registers",
+    .device = ON_GPU,
+    .forward = stage7_forward,
+    .backward = NULL,
+    .dims = {64, 128},
+    .dtypes = DT_F16,
+    .workspace_bytes = NULL,
+    .openmp = 0,
+    .hbm_traffic = stage7_hbm_traffic,
+};

@@ -1,0 +1,105 @@
+/* test_counters.c: the work the GPU stages' kernels count with --counters (their counting builds).
+ *
+ * counters::per_stage   each stage in the table below, over shapes with tails and causal masks:
+ *                       the counting build still computes attention (checked as any run is); each
+ *                       O row is corrected once per K/V tile it sees; it is normalized once per
+ *                       tile in stage 4 and exactly once from stage 5 on.
+ * counters::fa2_claims  N = 4096, d = 64, 64-key tiles: stage 4 normalizes each row 64 times and
+ *                       stages 5-7 once, all four correct it 64 times; stages 4 and 5 read each Q
+ *                       row 64 times, stages 6 and 7 once (from each stage's HBM formula).
+ * Cases skip with a one-line reason where there is no CUDA device.
+ */
+#include "common_test.h"
+#include <stdlib.h>
+
+/* What each stage's loop structure does per O row: it sees the K/V tiles of Bc keys up to its
+ * own (causal) or all of them, and is normalized on each of them or once at the end. */
+static const struct {
+    const char *name;
+    int Bc;
+    int normalize_every_tile;
+} test_counted[] = {
+    {"stage4", 64, 1},
+    {"stage5", 64, 0},
+    {"stage6", 64, 0},
+    {"stage7", 64, 0},
+};
+
+/* The K/V tiles all rows of one head see: every tile when not causal; with a causal mask row q
+ * sees tiles 0 .. q / Bc (each stage's Br divides its Bc, so a Q tile never straddles two). */
+static unsigned long long test_tiles_seen(const struct shape *sh, int Bc)
+{
+    unsigned long long n = 0;
+    for (int q = 0; q < sh->N; q++) n += sh->causal ? (unsigned long long)(q / Bc + 1) : (unsigned long long)CEIL_DIV(sh->N, Bc);
+    return n;
+}
+
+/* Runs st's counting build on seeded inputs: the output must pass the stage's check, and the
+ * counts come back in counts[]. */
+static void test_counted_run(const struct stage *st, const struct shape *sh, unsigned long long *counts)
+{
+    char why[256];
+    size_t n = shape_elems(sh), rows = shape_rows(sh);
+    float *Q = test_floats(n), *K = test_floats(n), *V = test_floats(n), *O = test_floats(n), *L = test_floats(rows);
+    make_inputs(sh, test_seed(sh), 1.0f, DT_F16, Q, K, V);
+    test_poison(O, n);
+    test_poison(L, rows);
+    int rc = gpu_forward_host(st, sh, DT_F16, Q, K, V, O, L, counts, why, sizeof why);
+    cr_assert(rc == 0, "%s N=%d d=%d: the counting build failed (code %d): %s", st->name, sh->N, sh->d, rc, why);
+    double err;
+    cr_assert(check_forward(st, sh, DT_F16, Q, K, V, O, L, &err, stderr),
+              "%s N=%d d=%d causal=%d: the counting build's output fails the check (details above)", st->name,
+              sh->N, sh->d, sh->causal);
+    free(Q), free(K), free(V), free(O), free(L);
+}
+
+Test(counters, per_stage)
+{
+    test_require_gpu();
+    const int Ns[] = {1, 63, 64, 100, 300};
+    for (size_t s = 0; s < TEST_COUNT(test_counted); s++) {
+        const struct stage *st = test_find_stage(test_counted[s].name);
+        for (size_t k = 0; k < TEST_COUNT(Ns); k++)
+            for (int d = 64; d <= 128; d += 64)
+                for (int causal = 0; causal <= 1; causal++) {
+                    struct shape sh = test_shape(2, 3, Ns[k], d, causal);
+                    unsigned long long counts[N_COUNTERS];
+                    test_counted_run(st, &sh, counts);
+                    const unsigned long long heads = 2 * 3, tiles = heads * test_tiles_seen(&sh, test_counted[s].Bc);
+                    const unsigned long long norms = test_counted[s].normalize_every_tile ? tiles : heads * sh.N;
+                    cr_expect(counts[CNT_ROW_CORRECT] == tiles,
+                              "%s N=%d d=%d causal=%d: %llu row corrections counted, want %llu (one per row per K/V tile)",
+                              st->name, sh.N, d, causal, counts[CNT_ROW_CORRECT], tiles);
+                    cr_expect(counts[CNT_ROW_NORMALIZE] == norms,
+                              "%s N=%d d=%d causal=%d: %llu row normalizations counted, want %llu (%s)", st->name,
+                              sh.N, d, causal, counts[CNT_ROW_NORMALIZE], norms,
+                              test_counted[s].normalize_every_tile ? "one per row per K/V tile" : "one per row");
+                }
+    }
+}
+
+Test(counters, fa2_claims)
+{
+    test_require_gpu();
+    struct shape sh = test_shape(1, 2, 4096, 64, 0);
+    const double rows = (double)shape_rows(&sh);
+    double norm[TEST_COUNT(test_counted)], q_reads[TEST_COUNT(test_counted)];
+    for (size_t s = 0; s < TEST_COUNT(test_counted); s++) {
+        const struct stage *st = test_find_stage(test_counted[s].name);
+        unsigned long long counts[N_COUNTERS];
+        test_counted_run(st, &sh, counts);
+        cr_assert(counts[CNT_ROW_CORRECT] == 64 * rows, "%s: %.2f corrections per row, want 64", st->name,
+                  counts[CNT_ROW_CORRECT] / rows);
+        norm[s] = counts[CNT_ROW_NORMALIZE] / rows;
+        cr_assert(st->hbm_traffic, "%s has no HBM formula", st->name);
+        struct hbm_traffic t;
+        st->hbm_traffic(&sh, &t);
+        q_reads[s] = t.q_reads;
+    }
+    cr_assert(norm[0] == 64 && norm[1] == 1 && norm[2] == 1 && norm[3] == 1,
+              "normalizations per row: stage4 %.2f (want 64), stage5 %.2f, stage6 %.2f, stage7 %.2f (want 1)",
+              norm[0], norm[1], norm[2], norm[3]);
+    cr_assert(q_reads[0] == 64 && q_reads[1] == 64 && q_reads[2] == 1 && q_reads[3] == 1,
+              "Q reads per row: stage4 %.2f, stage5 %.2f (want 64), stage6 %.2f, stage7 %.2f (want 1)", q_reads[0],
+              q_reads[1], q_reads[2], q_reads[3]);
+}
