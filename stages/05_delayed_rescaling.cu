@@ -1,12 +1,11 @@
 /* 05_delayed_rescaling.cu: FlashAttention forward with delayed rescaling (FA-2 paper, section 3.1)
  *
- * Changed from stage 4: O_i stays unnormalized. Each step computes P_ij = exp(S_ij - m_new) with
- *   the new running max (not the tile's own), so the only work on the O_i already accumulated is
- *   one correction by exp(m_i - m_new); the division by l_i happens once, on the last K/V tile a
- *   Q tile sees, and L = m + log(l) is written then for the backward.
- * Why: stage 4 divides every O row by l_new and rescales both O_i and P~_ij V_j on every step.
- *   On the GPU those are non-matmul FLOPs, many times dearer than tensor-core FLOPs, and FA-2
- *   removes them first. Everything else is stage 4's: the loop order (K/V outer, Q inner), one
+ * Changed from stage 4: O_i stays unnormalized. As each K/V tile arrives the O_i accumulated so
+ *   far is only corrected by exp(m_i - m_new); the division by l_i happens once, on the last K/V
+ *   tile a Q tile sees, when L = m + log(l) is written for the backward.
+ * Why: stage 4 divides every O row by l_new on every step (and multiplies it back by l_i on the
+ *   next). On the GPU those are non-matmul FLOPs, many times dearer than tensor-core FLOPs, and
+ *   FA-2 removes them first. Everything else is stage 4's: the loop order (K/V outer, Q inner), one
  *   block per (batch, head), sliced-K warps, and O_i, l_i, m_i through HBM on every inner step
  *   (stage 6 removes that traffic).
  * Measured on H200: see notes/05_delayed_rescaling.md.
@@ -70,9 +69,9 @@ struct stage5_smem {
     static constexpr size_t O_part = Q_i + sizeof(__half) * Br * LDH;              /* [NWARPS][Br][LDF] */
     static constexpr size_t row_max = O_part + sizeof(float) * NWARPS * Br * LDF;  /* [NWARPS][Br] */
     static constexpr size_t row_sum = row_max + sizeof(float) * NWARPS * Br;       /* [NWARPS][Br] */
-    static constexpr size_t m_old = row_sum + sizeof(float) * NWARPS * Br;         /* [Br] */
-    static constexpr size_t alpha = m_old + sizeof(float) * Br;                    /* [Br] */
-    static constexpr size_t inv_l = alpha + sizeof(float) * Br;                    /* [Br] */
+    static constexpr size_t alpha = row_sum + sizeof(float) * NWARPS * Br;         /* [Br] */
+    static constexpr size_t beta = alpha + sizeof(float) * Br;                     /* [Br] */
+    static constexpr size_t inv_l = beta + sizeof(float) * Br;                     /* [Br] */
     static constexpr size_t bytes = inv_l + sizeof(float) * Br;
     static_assert(D % 16 == 0, "head dim must be whole k16 steps");
     static_assert(O_part % 16 == 0, "partial O must be 16-byte aligned for float4");
@@ -99,8 +98,8 @@ static __device__ __forceinline__ void stage5_load_tile(__half *tile, const __ha
 template <int D, bool COUNT>
 static __global__ void __launch_bounds__(NTHREADS)
 stage5_delayed_kernel(const __half *__restrict__ Q, const __half *__restrict__ K, const __half *__restrict__ V,
-                  __half *__restrict__ O, float *__restrict__ L, float *__restrict__ work, int N, int causal,
-                  float scale_log2, unsigned long long *counters)
+                      __half *__restrict__ O, float *__restrict__ L, float *__restrict__ work, int N, int causal,
+                      float scale_log2, unsigned long long *counters)
 {
     typedef stage5_smem<D> SM;
     constexpr int LDH = SM::LDH, LDF = SM::LDF;
@@ -111,11 +110,11 @@ stage5_delayed_kernel(const __half *__restrict__ Q, const __half *__restrict__ K
     __half *K_j = (__half *)(smem + SM::K_j);
     __half *V_j = (__half *)(smem + SM::V_j);
     __half *Q_i = (__half *)(smem + SM::Q_i);
-    float *O_part = (float *)(smem + SM::O_part);   /* each warp's P_ij V_j slice product */
+    float *O_part = (float *)(smem + SM::O_part);   /* each warp's P~_ij V_j slice product */
     float *row_max = (float *)(smem + SM::row_max); /* each warp's rowmax over its keys */
     float *row_sum = (float *)(smem + SM::row_sum); /* each warp's rowsum over its keys */
-    float *m_old = (float *)(smem + SM::m_old);     /* m_i as it was before this step */
-    float *alpha = (float *)(smem + SM::alpha);     /* e^(m_i - m_new): the correction */
+    float *alpha = (float *)(smem + SM::alpha);     /* e^(m_i - m_new): the correction of O_i */
+    float *beta = (float *)(smem + SM::beta);       /* e^(m~_ij - m_new): brings P~_ij V_j to m_new */
     float *inv_l = (float *)(smem + SM::inv_l);     /* 1 / l_new, used on a row's last step only */
 
     const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
@@ -163,9 +162,6 @@ stage5_delayed_kernel(const __half *__restrict__ Q, const __half *__restrict__ K
                 m_i = m_hbm[i * Br + tid];
                 l_i = l_hbm[i * Br + tid];
             }
-            /* every warp needs m_i for P_ij = exp(S_ij - m_new). Safe to overwrite: the previous
-             * step's readers of m_old finished before its third barrier. */
-            if (tid < Br) m_old[tid] = m_i;
             cp_async_wait<0>();
             __syncthreads(); /* Q_i (and K_j, V_j on the first inner step) in shared memory */
 
@@ -207,27 +203,26 @@ stage5_delayed_kernel(const __half *__restrict__ Q, const __half *__restrict__ K
                     mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
                     if (t == 0) row_max[warp * Br + r] = mx;
                 }
-            __syncthreads(); /* every warp's partial row max, and m_old, in shared memory before any
-                              * reads them; past this barrier no warp reads Q_i again */
+            __syncthreads(); /* every warp's partial row max in shared memory before any reads them;
+                              * past this barrier no warp reads Q_i again */
 
             /* Q_{i+1}: HBM -> shared memory now, overlapping the rest of this step (Algorithm 1
              * still loads Q_i once per inner step; it only starts the load earlier). */
             if (i + 1 < Tr) stage5_load_tile<D, Br>(Q_i, Q, (i + 1) * Br, N);
             cp_async_commit();
 
-            /* m_new = max(m_i, rowmax(S_ij)) over the warps; P_ij = exp(S_ij - m_new), already
-             * relative to the new running max, so P_ij V_j needs no rescaling; this warp's part
-             * of rowsum(P_ij). A row masked so far has m_new = -inf: subtract 0 instead, so
-             * P_ij = exp2(-inf) = 0, not exp2(-inf + inf) = NaN. */
+            /* m~_ij = max over the warps; P~_ij = exp(S_ij - m~_ij); l~_ij = rowsum(P~_ij),
+             * this warp's part of the sum. A row masked in the whole tile has m~_ij = -inf:
+             * subtract 0 instead, so P~_ij = exp2(-inf) = 0, not exp2(-inf + inf) = NaN. */
 #pragma unroll
             for (int mt = 0; mt < M_TILES; mt++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     const int r = mt * 16 + 8 * h + g;
-                    float m_new = m_old[r];
+                    float m_tilde = -INFINITY;
 #pragma unroll
-                    for (int w = 0; w < NWARPS; w++) m_new = fmaxf(m_new, row_max[w * Br + r]);
-                    const float base = m_new == -INFINITY ? 0.f : m_new;
+                    for (int w = 0; w < NWARPS; w++) m_tilde = fmaxf(m_tilde, row_max[w * Br + r]);
+                    const float base = m_tilde == -INFINITY ? 0.f : m_tilde;
                     float sum = 0.f;
 #pragma unroll
                     for (int nt = 0; nt < 2; nt++)
@@ -242,8 +237,8 @@ stage5_delayed_kernel(const __half *__restrict__ Q, const __half *__restrict__ K
                     if (t == 0) row_sum[warp * Br + r] = sum;
                 }
 
-            /* P_ij as fp16 A fragments: the C layout of the two n8 key tiles is the A layout of
-             * one k16 tile (mma.cuh), so P never leaves registers. */
+            /* P~_ij as fp16 A fragments: the C layout of the two n8 key tiles is the A layout of
+             * one k16 tile (mma.cuh), so P~ never leaves registers. */
             uint32_t P_ij[M_TILES][4];
 #pragma unroll
             for (int mt = 0; mt < M_TILES; mt++) {
@@ -253,7 +248,7 @@ stage5_delayed_kernel(const __half *__restrict__ Q, const __half *__restrict__ K
                 P_ij[mt][3] = pack_half2(S_ij[mt][1][2], S_ij[mt][1][3]); /* row g+8, keys 8+2t.. */
             }
 
-            /* This warp's partial P_ij V_j = P_ij[:, slice] V_j[slice, :], Br x D in fp32. */
+            /* This warp's partial P~_ij V_j = P~_ij[:, slice] V_j[slice, :], Br x D in fp32. */
             float O_w[M_TILES][D / 8][4] = {}; /* [m16 row tile][n8 column tile][C fragment] */
 #pragma unroll
             for (int n = 0; n < D; n += 16) {
@@ -277,23 +272,25 @@ stage5_delayed_kernel(const __half *__restrict__ Q, const __half *__restrict__ K
             __syncthreads(); /* all partial sums and partial O in shared memory before the combine */
 
             /* Row factors, one thread per row r:
-             *   m_new = max(m_i, rowmax(S_ij))
-             *   alpha = e^(m_i - m_new)                      the correction of O_i and l_i
-             *   l_new = alpha l_i + rowsum(P_ij)
-             *   inv_l = 1 / l_new                            needed on the row's last step only
+             *   m_new = max(m_i, m~_ij)
+             *   l_new = e^(m_i - m_new) l_i + e^(m~_ij - m_new) l~_ij
+             *   alpha = e^(m_i - m_new),   beta = e^(m~_ij - m_new)     no division by l_new:
+             *   inv_l = 1 / l_new, only on the row's last step            that waits for the end
              * (exponentials are exp2: m is kept in the log2 domain). */
             if (tid < Br) {
                 const int r = tid, query = i * Br + r;
-                float m_new = m_i, l_tilde = 0.f;
+                float m_tilde = -INFINITY, l_tilde = 0.f;
 #pragma unroll
                 for (int w = 0; w < NWARPS; w++) {
-                    m_new = fmaxf(m_new, row_max[w * Br + r]);
+                    m_tilde = fmaxf(m_tilde, row_max[w * Br + r]);
                     l_tilde += row_sum[w * Br + r];
                 }
+                const float m_new = fmaxf(m_i, m_tilde);
                 const float base = m_new == -INFINITY ? 0.f : m_new; /* all masked so far: no NaN */
-                const float e_i = exp2_approx(m_i - base);
-                const float l_new = e_i * l_i + l_tilde;
+                const float e_i = exp2_approx(m_i - base), e_tilde = exp2_approx(m_tilde - base);
+                const float l_new = e_i * l_i + e_tilde * l_tilde;
                 alpha[r] = e_i;
+                beta[r] = e_tilde;
                 if (last) inv_l[r] = l_new > 0.f ? 1.f / l_new : 0.f; /* an all-masked row gives O = 0 */
                 if (query < N) {
                     if (last) /* L = m + log(l) in nats: the logsumexp the backward needs */
@@ -304,10 +301,10 @@ stage5_delayed_kernel(const __half *__restrict__ Q, const __half *__restrict__ K
                     }
                 }
             }
-            __syncthreads(); /* alpha, inv_l in shared memory before the combine reads them */
+            __syncthreads(); /* alpha, beta, inv_l in shared memory before the combine reads them */
 
-            /* O_i <- diag(e^(m_i - m_new)) O_i + P_ij V_j    (unnormalized)
-             *      = alpha * O_i + sum over warps of the partial P_ij V_j,
+            /* O_i <- diag(e^(m_i - m_new)) O_i + e^(m~_ij - m_new) P~_ij V_j     (unnormalized)
+             *      = alpha * O_i + beta * sum over warps of the partial P~_ij V_j,
              * and on the row's last step only, O_i <- diag(l_new)^-1 O_i.
              * Four consecutive columns per thread, consecutive threads along a row: coalesced. */
 #pragma unroll
@@ -321,9 +318,9 @@ stage5_delayed_kernel(const __half *__restrict__ Q, const __half *__restrict__ K
                     const float4 p = *(const float4 *)&O_part[(w * Br + r) * LDF + col];
                     PV.x += p.x, PV.y += p.y, PV.z += p.z, PV.w += p.w;
                 }
-                const float a = alpha[r];
-                float4 O_new = make_float4(a * O_old[k].x + PV.x, a * O_old[k].y + PV.y,
-                                           a * O_old[k].z + PV.z, a * O_old[k].w + PV.w);
+                const float a = alpha[r], b = beta[r];
+                float4 O_new = make_float4(a * O_old[k].x + b * PV.x, a * O_old[k].y + b * PV.y,
+                                           a * O_old[k].z + b * PV.z, a * O_old[k].w + b * PV.w);
                 if (last) { /* the one normalization; the final O_i, in fp16, to the output */
                     const float il = inv_l[r];
                     if (col == 0) tally.add(CNT_ROW_NORMALIZE);
@@ -334,8 +331,8 @@ stage5_delayed_kernel(const __half *__restrict__ Q, const __half *__restrict__ K
                     *(float4 *)&O_hbm[(size_t)query * D + col] = O_new;
             }
             /* No barrier here: the next step writes no shared memory before its first barrier
-             * but m_old, whose readers are done (above); O_part, row_max, row_sum, alpha and
-             * inv_l are rewritten only after that barrier. */
+             * (its Q_i is already on the way); O_part, row_max, row_sum, alpha, beta and inv_l
+             * are rewritten only after that barrier. */
         }
         __syncthreads(); /* every warp is done with K_j, V_j before the next tile overwrites them */
     }
@@ -391,9 +388,9 @@ static int stage5_launch(const struct attn_args *a, char *why, size_t n)
     const dim3 grid(sh->B * sh->H); /* one block per (batch, head), as in Algorithm 1 */
     const dim3 block(NTHREADS);
     stage5_delayed_kernel<D, COUNT><<<grid, block, smem>>>((const __half *)a->Q, (const __half *)a->K,
-                                                       (const __half *)a->V, (__half *)a->O, a->L,
-                                                       (float *)a->work, sh->N, sh->causal, sh->scale * LOG2E,
-                                                       a->counters);
+                                                           (const __half *)a->V, (__half *)a->O, a->L,
+                                                           (float *)a->work, sh->N, sh->causal, sh->scale * LOG2E,
+                                                           a->counters);
     CUDA_TRY(cudaGetLastError());
     return 0;
 }

@@ -2,12 +2,13 @@
  *
  * Changed from stage 5: the outer loop walks the Q tiles Q_i and the inner loop the K/V tiles
  *   K_j, V_j. Q_i is loaded once; O_i (in registers), m_i and l_i stay on chip for the whole
- *   sweep over K/V, and O_i and L are written once, when the sweep ends. No workspace.
+ *   sweep over K/V, and O_i and L are written once, when the sweep ends. No workspace. K_{j+1}
+ *   and V_{j+1} are fetched as soon as their buffers are free, as stage 5 fetched Q_{i+1}.
  * Why: with K/V outer, a Q tile's partial result must wait a whole outer step for its next
  *   update, so stages 4 and 5 park O_i, l_i, m_i in HBM and read Q_i again on every inner step:
  *   O(N^2 / Bc) traffic. With Q outer, a Q tile's sweep is finished before the next one starts and
- *   its state never leaves the chip; K_j, V_j are now read once per Q tile instead. Everything else
- *   is stage 5's: one block per (batch, head), sliced-K warps combining through shared memory.
+ *   its state never leaves the chip; K_j, V_j are read once per Q tile instead. Everything else is
+ *   stage 5's: one block per (batch, head), sliced-K warps combining through shared memory.
  * Measured on H200: see notes/06_loop_swap.md.
  * Run: ./stage6 --seqlen 4096 --dim 64 --causal --counters
  */
@@ -33,7 +34,7 @@ static constexpr int NWARPS = 4;
 static constexpr int NTHREADS = NWARPS * WARP_SIZE;
 static constexpr int Bc = 64;                            /* keys per K/V tile */
 static constexpr int KEYS_PER_WARP = Bc / NWARPS;        /* 16: one k16 step of mma */
-/* Br = 32 query rows per Q tile (one outer step). Sliced K makes every warp produce a partial O for all Br
+/* Br = 32 query rows per Q tile. Sliced K makes every warp produce a partial O for all Br
  * rows (its keys touch every row): Br x D fp32 per warp, Br * D / 32 registers per thread
  * (128 at D = 128; each of its tiles is a single mma, so the compiler can store them to shared
  * memory as they finish), and NWARPS of them meet in shared memory: 68 KiB at D = 128, 112 KiB in
@@ -45,7 +46,6 @@ static constexpr int M_TILES = Br / 16;                  /* m16 row tiles of the
 static_assert(KEYS_PER_WARP * NWARPS == Bc, "the warps' key slices must cover K_j exactly");
 static_assert(KEYS_PER_WARP == 16, "each warp's slice of P_ij must be one k16 A fragment");
 static_assert(Br % 16 == 0, "Br must be whole m16 tiles");
-static_assert(Bc % Br == 0, "the causal loop bounds assume Br divides Bc");
 static_assert(Br <= NTHREADS, "one thread per row computes the row factors");
 
 /* Shared-memory row padding against bank conflicts.
@@ -69,9 +69,9 @@ struct stage6_smem {
     static constexpr size_t O_part = Q_i + sizeof(__half) * Br * LDH;              /* [NWARPS][Br][LDF] */
     static constexpr size_t row_max = O_part + sizeof(float) * NWARPS * Br * LDF;  /* [NWARPS][Br] */
     static constexpr size_t row_sum = row_max + sizeof(float) * NWARPS * Br;       /* [NWARPS][Br] */
-    static constexpr size_t m_old = row_sum + sizeof(float) * NWARPS * Br;         /* [Br] */
-    static constexpr size_t alpha = m_old + sizeof(float) * Br;                    /* [Br] */
-    static constexpr size_t inv_l = alpha + sizeof(float) * Br;                    /* [Br] */
+    static constexpr size_t alpha = row_sum + sizeof(float) * NWARPS * Br;         /* [Br] */
+    static constexpr size_t beta = alpha + sizeof(float) * Br;                     /* [Br] */
+    static constexpr size_t inv_l = beta + sizeof(float) * Br;                     /* [Br] */
     static constexpr size_t bytes = inv_l + sizeof(float) * Br;
     static_assert(D % 16 == 0, "head dim must be whole k16 steps");
     static_assert(O_part % 16 == 0, "partial O must be 16-byte aligned for float4");
@@ -110,12 +110,12 @@ stage6_swapped_kernel(const __half *__restrict__ Q, const __half *__restrict__ K
     __half *K_j = (__half *)(smem + SM::K_j);
     __half *V_j = (__half *)(smem + SM::V_j);
     __half *Q_i = (__half *)(smem + SM::Q_i);
-    float *O_part = (float *)(smem + SM::O_part);   /* each warp's P_ij V_j slice product */
+    float *O_part = (float *)(smem + SM::O_part);   /* each warp's P~_ij V_j slice product */
     float *row_max = (float *)(smem + SM::row_max); /* each warp's rowmax over its keys */
     float *row_sum = (float *)(smem + SM::row_sum); /* each warp's rowsum over its keys */
-    float *m_old = (float *)(smem + SM::m_old);     /* m_i as it was before this step */
-    float *alpha = (float *)(smem + SM::alpha);     /* e^(m_i - m_new): the correction */
-    float *inv_l = (float *)(smem + SM::inv_l);     /* 1 / l_i, used on the sweep's last step only */
+    float *alpha = (float *)(smem + SM::alpha);     /* e^(m_i - m_new): the correction of O_i */
+    float *beta = (float *)(smem + SM::beta);       /* e^(m~_ij - m_new): brings P~_ij V_j to m_new */
+    float *inv_l = (float *)(smem + SM::inv_l);     /* 1 / l_new, used on a row's last step only */
 
     const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
     const int g = lane >> 2, t = lane & 3;          /* groupID, tid_in_group (see mma.cuh) */
@@ -129,12 +129,14 @@ stage6_swapped_kernel(const __half *__restrict__ Q, const __half *__restrict__ K
     work_tally<COUNT> tally;
 
     for (int i = 0; i < Tr; i++) {
-        const int j_last = causal ? min(Tc - 1, ((i + 1) * Br - 1) / Bc) : Tc - 1; /* causal: K/V tiles wholly
-                                                                                     * right of the diagonal skipped */
-        /* Q_i: HBM -> shared memory once, read by every inner step: its only load; and the first
-         * K_j, V_j of the sweep (the later ones are fetched one step ahead, below). */
+        /* causal: K/V tiles wholly right of the diagonal are skipped */
+        const int j_last = causal ? min(Tc - 1, ((i + 1) * Br - 1) / Bc) : Tc - 1;
+        /* Q_i: HBM -> shared memory once, read by every inner step: its only load. With it the
+         * first K_j, then (a second cp.async group) the first V_j; the later ones are fetched one
+         * step ahead, below. */
         stage6_load_tile<D, Br>(Q_i, Q, i * Br, N);
         stage6_load_tile<D, Bc>(K_j, K, 0, N);
+        cp_async_commit();
         stage6_load_tile<D, Bc>(V_j, V, 0, N);
         cp_async_commit();
 
@@ -149,11 +151,8 @@ stage6_swapped_kernel(const __half *__restrict__ Q, const __half *__restrict__ K
         for (int j = 0; j <= j_last; j++) {
             const bool last = (j == j_last);
 
-            /* every warp needs m_i for P_ij = exp(S_ij - m_new). Safe to overwrite: the previous
-             * step's readers of m_old finished before its third barrier. */
-            if (tid < Br) m_old[tid] = m_i;
-            cp_async_wait<0>();
-            __syncthreads(); /* K_j, V_j (and Q_i on the first inner step) in shared memory */
+            cp_async_wait<1>(); /* K_j has landed; V_j may still be on its way */
+            __syncthreads(); /* K_j (and Q_i on the first inner step) in shared memory */
 
             /* S_ij = scale * Q_i K_j^T, this warp's 16 keys for all Br rows. */
             float S_ij[M_TILES][2][4] = {}; /* [m16 row tile][n8 key tile][C fragment] */
@@ -193,26 +192,27 @@ stage6_swapped_kernel(const __half *__restrict__ Q, const __half *__restrict__ K
                     mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
                     if (t == 0) row_max[warp * Br + r] = mx;
                 }
-            __syncthreads(); /* every warp's partial row max, and m_old, in shared memory before any
+            cp_async_wait<0>(); /* V_j has landed too */
+            __syncthreads(); /* every warp's partial row max, and V_j, in shared memory before any
                               * reads them; past this barrier no warp reads K_j again */
 
             /* K_{j+1}: HBM -> shared memory now, overlapping the rest of this step (as stage 5
              * fetched Q_{i+1}: the inner loop's operand, started as soon as its buffer is free). */
             if (j < j_last) stage6_load_tile<D, Bc>(K_j, K, (j + 1) * Bc, N);
+            cp_async_commit();
 
-            /* m_new = max(m_i, rowmax(S_ij)) over the warps; P_ij = exp(S_ij - m_new), already
-             * relative to the new running max, so P_ij V_j needs no rescaling; this warp's part
-             * of rowsum(P_ij). A row masked so far has m_new = -inf: subtract 0 instead, so
-             * P_ij = exp2(-inf) = 0, not exp2(-inf + inf) = NaN. */
+            /* m~_ij = max over the warps; P~_ij = exp(S_ij - m~_ij); l~_ij = rowsum(P~_ij),
+             * this warp's part of the sum. A row masked in the whole tile has m~_ij = -inf:
+             * subtract 0 instead, so P~_ij = exp2(-inf) = 0, not exp2(-inf + inf) = NaN. */
 #pragma unroll
             for (int mt = 0; mt < M_TILES; mt++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     const int r = mt * 16 + 8 * h + g;
-                    float m_new = m_old[r];
+                    float m_tilde = -INFINITY;
 #pragma unroll
-                    for (int w = 0; w < NWARPS; w++) m_new = fmaxf(m_new, row_max[w * Br + r]);
-                    const float base = m_new == -INFINITY ? 0.f : m_new;
+                    for (int w = 0; w < NWARPS; w++) m_tilde = fmaxf(m_tilde, row_max[w * Br + r]);
+                    const float base = m_tilde == -INFINITY ? 0.f : m_tilde;
                     float sum = 0.f;
 #pragma unroll
                     for (int nt = 0; nt < 2; nt++)
@@ -227,8 +227,8 @@ stage6_swapped_kernel(const __half *__restrict__ Q, const __half *__restrict__ K
                     if (t == 0) row_sum[warp * Br + r] = sum;
                 }
 
-            /* P_ij as fp16 A fragments: the C layout of the two n8 key tiles is the A layout of
-             * one k16 tile (mma.cuh), so P never leaves registers. */
+            /* P~_ij as fp16 A fragments: the C layout of the two n8 key tiles is the A layout of
+             * one k16 tile (mma.cuh), so P~ never leaves registers. */
             uint32_t P_ij[M_TILES][4];
 #pragma unroll
             for (int mt = 0; mt < M_TILES; mt++) {
@@ -238,7 +238,7 @@ stage6_swapped_kernel(const __half *__restrict__ Q, const __half *__restrict__ K
                 P_ij[mt][3] = pack_half2(S_ij[mt][1][2], S_ij[mt][1][3]); /* row g+8, keys 8+2t.. */
             }
 
-            /* This warp's partial P_ij V_j = P_ij[:, slice] V_j[slice, :], Br x D in fp32. */
+            /* This warp's partial P~_ij V_j = P~_ij[:, slice] V_j[slice, :], Br x D in fp32. */
             float O_w[M_TILES][D / 8][4] = {}; /* [m16 row tile][n8 column tile][C fragment] */
 #pragma unroll
             for (int n = 0; n < D; n += 16) {
@@ -262,37 +262,39 @@ stage6_swapped_kernel(const __half *__restrict__ Q, const __half *__restrict__ K
             __syncthreads(); /* all partial sums and partial O in shared memory before the combine;
                               * past this barrier no warp reads V_j again */
 
-            /* V_{j+1}, likewise, overlapping the combine and the next step's S_ij */
+            /* V_{j+1}, likewise: it has the combine and the next step's S_ij to arrive in */
             if (j < j_last) stage6_load_tile<D, Bc>(V_j, V, (j + 1) * Bc, N);
             cp_async_commit();
 
             /* Row factors, one thread per row r:
-             *   m_new = max(m_i, rowmax(S_ij))
-             *   alpha = e^(m_i - m_new)                      the correction of O_i and l_i
-             *   l_new = alpha l_i + rowsum(P_ij)
-             *   inv_l = 1 / l_new                            needed on the sweep's last step only
+             *   m_new = max(m_i, m~_ij)
+             *   l_new = e^(m_i - m_new) l_i + e^(m~_ij - m_new) l~_ij
+             *   alpha = e^(m_i - m_new),   beta = e^(m~_ij - m_new)     no division by l_new:
+             *   inv_l = 1 / l_new, only on the row's last step            that waits for the end
              * (exponentials are exp2: m is kept in the log2 domain). */
             if (tid < Br) {
                 const int r = tid, query = i * Br + r;
-                float m_new = m_i, l_tilde = 0.f;
+                float m_tilde = -INFINITY, l_tilde = 0.f;
 #pragma unroll
                 for (int w = 0; w < NWARPS; w++) {
-                    m_new = fmaxf(m_new, row_max[w * Br + r]);
+                    m_tilde = fmaxf(m_tilde, row_max[w * Br + r]);
                     l_tilde += row_sum[w * Br + r];
                 }
+                const float m_new = fmaxf(m_i, m_tilde);
                 const float base = m_new == -INFINITY ? 0.f : m_new; /* all masked so far: no NaN */
-                const float e_i = exp2_approx(m_i - base);
-                const float l_new = e_i * l_i + l_tilde;
+                const float e_i = exp2_approx(m_i - base), e_tilde = exp2_approx(m_tilde - base);
+                const float l_new = e_i * l_i + e_tilde * l_tilde;
                 alpha[r] = e_i;
+                beta[r] = e_tilde;
                 if (last) inv_l[r] = l_new > 0.f ? 1.f / l_new : 0.f; /* an all-masked row gives O = 0 */
                 if (last && query < N) /* L = m + log(l) in nats: the logsumexp the backward needs */
                     L[query] = m_new * LN2 + logf(l_new);
                 m_i = m_new, l_i = l_new; /* on chip, for the next K/V tile */
             }
-            __syncthreads(); /* alpha, inv_l in shared memory before the combine reads them */
+            __syncthreads(); /* alpha, beta, inv_l in shared memory before the combine reads them */
 
-            /* O_i <- diag(e^(m_i - m_new)) O_i + P_ij V_j    (unnormalized)
-             *      = alpha * O_i + sum over warps of the partial P_ij V_j,
+            /* O_i <- diag(e^(m_i - m_new)) O_i + e^(m~_ij - m_new) P~_ij V_j     (unnormalized)
+             *      = alpha * O_i + beta * sum over warps of the partial P~_ij V_j,
              * and on the row's last step only, O_i <- diag(l_new)^-1 O_i.
              * Four consecutive columns per thread, consecutive threads along a row: coalesced. */
 #pragma unroll
@@ -306,9 +308,9 @@ stage6_swapped_kernel(const __half *__restrict__ Q, const __half *__restrict__ K
                     const float4 p = *(const float4 *)&O_part[(w * Br + r) * LDF + col];
                     PV.x += p.x, PV.y += p.y, PV.z += p.z, PV.w += p.w;
                 }
-                const float a = alpha[r];
-                O_acc[k] = make_float4(a * O_acc[k].x + PV.x, a * O_acc[k].y + PV.y,
-                                       a * O_acc[k].z + PV.z, a * O_acc[k].w + PV.w);
+                const float a = alpha[r], b = beta[r];
+                O_acc[k] = make_float4(a * O_acc[k].x + b * PV.x, a * O_acc[k].y + b * PV.y,
+                                       a * O_acc[k].z + b * PV.z, a * O_acc[k].w + b * PV.w);
                 if (last) { /* the one normalization; O_i, in fp16, to the output: its one HBM write */
                     const float il = inv_l[r];
                     if (col == 0) tally.add(CNT_ROW_NORMALIZE);
@@ -318,11 +320,11 @@ stage6_swapped_kernel(const __half *__restrict__ Q, const __half *__restrict__ K
                 }
             }
             /* No barrier here: the next step writes no shared memory before its first barrier
-             * but m_old, whose readers are done (above); O_part, row_max, row_sum, alpha and
+             * (its K_j and V_j are already on the way); O_part, row_max, row_sum, alpha, beta and
              * inv_l are rewritten only after that barrier. */
         }
-        /* No barrier here either: the next Q_i, K_0, V_0 go into buffers whose last readers were
-         * before this sweep's final second and third barriers. */
+        /* No barrier here either: the next Q_i, K_0 and V_0 go into buffers whose last readers
+         * were done before this sweep's final second and third barriers. */
     }
     tally.flush(counters);
 }

@@ -12,25 +12,29 @@
 #include "common_test.h"
 #include <stdlib.h>
 
-/* What each stage's loop structure does per O row: it sees the K/V tiles of Bc keys up to its
- * own (causal) or all of them, and is normalized on each of them or once at the end. */
+/* What each stage's loop structure does per O row: with Q tiles of Br rows and K/V tiles of Bc
+ * keys, a row sees every K/V tile, or (causal) those up to the one holding its Q tile's last row;
+ * it is normalized on each of them or once at the end. */
 static const struct {
     const char *name;
-    int Bc;
+    int Br, Bc;
     int normalize_every_tile;
 } test_counted[] = {
-    {"stage4", 64, 1},
-    {"stage5", 64, 0},
-    {"stage6", 64, 0},
-    {"stage7", 64, 0},
+    {"stage4", 32, 64, 1},
+    {"stage5", 32, 64, 0},
+    {"stage6", 32, 64, 0},
+    {"stage7", 128, 64, 0},
 };
 
-/* The K/V tiles all rows of one head see: every tile when not causal; with a causal mask row q
- * sees tiles 0 .. q / Bc (each stage's Br divides its Bc, so a Q tile never straddles two). */
-static unsigned long long test_tiles_seen(const struct shape *sh, int Bc)
+/* The K/V tiles all rows of one head see, summed over the rows. */
+static unsigned long long test_tiles_seen(const struct shape *sh, int Br, int Bc)
 {
+    const int Tc = CEIL_DIV(sh->N, Bc);
     unsigned long long n = 0;
-    for (int q = 0; q < sh->N; q++) n += sh->causal ? (unsigned long long)(q / Bc + 1) : (unsigned long long)CEIL_DIV(sh->N, Bc);
+    for (int q = 0; q < sh->N; q++) {
+        const int last_row = (q / Br + 1) * Br - 1; /* of q's Q tile */
+        n += sh->causal && last_row / Bc + 1 < Tc ? last_row / Bc + 1 : Tc;
+    }
     return n;
 }
 
@@ -65,7 +69,7 @@ Test(counters, per_stage)
                     struct shape sh = test_shape(2, 3, Ns[k], d, causal);
                     unsigned long long counts[N_COUNTERS];
                     test_counted_run(st, &sh, counts);
-                    const unsigned long long heads = 2 * 3, tiles = heads * test_tiles_seen(&sh, test_counted[s].Bc);
+                    const unsigned long long heads = 2 * 3, tiles = heads * test_tiles_seen(&sh, test_counted[s].Br, test_counted[s].Bc);
                     const unsigned long long norms = test_counted[s].normalize_every_tile ? tiles : heads * sh.N;
                     cr_expect(counts[CNT_ROW_CORRECT] == tiles,
                               "%s N=%d d=%d causal=%d: %llu row corrections counted, want %llu (one per row per K/V tile)",
