@@ -4,7 +4,7 @@
 
 # ---- the stages: NN_slug, the file is stages/NN_slug.c (CPU) or .cu (GPU) ----
 CPU_STAGES := 01_naive 02_tiled_cpu 03_online_softmax
-GPU_STAGES := 04_fa1 05_delayed_rescaling 06_loop_swap 07_warp_partition
+GPU_STAGES := 04_fa1 05_delayed_rescaling 06_loop_swap 07_warp_partition 08_seq_parallel
 
 MAKEFLAGS += --no-builtin-rules
 .SUFFIXES:
@@ -128,11 +128,15 @@ test: all
 # ---- GPU-only targets ----
 SANITIZE_SHAPES := "--seqlen 1 --dim 64" "--seqlen 100 --dim 64 --causal --counters" "--seqlen 77 --dim 128" \
                    "--seqlen 130 --dim 128 --causal --batch 2 --heads 3"
+# stages that take more than the shapes above name their extra shapes here
+SANITIZE_SHAPES_stage8 := "--seqlen 200 --dim 32 --dtype bf16 --causal" "--seqlen 130 --dim 256" \
+                          "--seqlen 300 --dim 128 --dtype bf16"
 sanitize: $(GPU_BINS)
-	@set -e; for b in $(GPU_BINS); do for tool in memcheck racecheck synccheck; do for s in $(SANITIZE_SHAPES); do \
-	  echo "== compute-sanitizer --tool $$tool ./$$b $$s"; \
-	  compute-sanitizer --tool $$tool --error-exitcode 1 ./$$b $$s --batch 1 --heads 2 --warmup 0 --iters 1; \
-	done; done; done
+	@set -e; $(foreach b,$(GPU_BINS),for tool in memcheck racecheck synccheck; do \
+	  for s in $(SANITIZE_SHAPES) $(SANITIZE_SHAPES_$(b)); do \
+	    echo "== compute-sanitizer --tool $$tool ./$(b) $$s"; \
+	    compute-sanitizer --tool $$tool --error-exitcode 1 ./$(b) $$s --batch 1 --heads 2 --warmup 0 --iters 1; \
+	done; done;)
 
 bench: $(GPU_BINS)
 	FA_COMMIT=$(COMMIT) STAGES="$(GPU_BINS)" plots/bench.sh

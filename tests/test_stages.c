@@ -5,13 +5,14 @@
  *                     is the reference of the others, so its own cases answer to the fp64 oracle.
  * stages::x50         inputs scaled x50 (scores of thousands): stage 1 against the oracle,
  *                     and every stage from stage 3 on (the online softmax) against stage 1.
+ * stages::one_head    B = H = 1, one long sequence with a tail, and N = 1: every stage.
  * A GPU case skips with a one-line reason where there is no CUDA device.
  */
 #include "common_test.h"
 #include <stdlib.h>
 
 static const int test_grid_N[] = {1, 2, 17, 64, 100, 257, 1000}; /* 1, tails of every tile size, > one tile */
-static const int test_grid_d[] = {16, 32, 64, 128};
+static const int test_grid_d[] = {16, 32, 64, 128, 256};
 static const enum dtype test_dtypes[] = {DT_F32, DT_F16, DT_BF16};
 #define TEST_GRID_B 2
 #define TEST_GRID_H 3
@@ -93,7 +94,7 @@ ParameterizedTest(struct test_case *tc, stages, vs_stage1) { test_stage_vs_refer
  * against the oracle. */
 #define TEST_X50 50.0f
 static const struct { int N, d, causal; } test_x50_shapes[] = {
-    {17, 16, 1}, {64, 64, 0}, {100, 64, 1}, {257, 128, 1}, {257, 128, 0},
+    {17, 16, 1}, {64, 64, 0}, {100, 64, 1}, {130, 32, 1}, {257, 128, 1}, {257, 128, 0}, {200, 256, 1},
 };
 
 ParameterizedTestParameters(stages, x50)
@@ -117,3 +118,29 @@ ParameterizedTestParameters(stages, x50)
 }
 
 ParameterizedTest(struct test_case *tc, stages, x50) { test_stage_vs_reference(tc); }
+
+/* ---- one head: B = H = 1 ----
+ * A stage that splits work over (batch, head) and over the sequence must still cover a single
+ * head's rows exactly once: a long sequence (many Q tiles, a tail in the last) and N = 1. */
+static const struct { int N, d, causal; } test_one_head_shapes[] = {
+    {1, 64, 0}, {1, 64, 1}, {3001, 64, 0}, {3001, 64, 1}, {2050, 128, 1},
+};
+
+ParameterizedTestParameters(stages, one_head)
+{
+    size_t max = (size_t)n_all_stages * TEST_COUNT(test_dtypes) * TEST_COUNT(test_one_head_shapes);
+    struct test_case *p = cr_malloc(max * sizeof *p);
+    size_t count = 0;
+    char why[256];
+    for (int s = 0; s < n_all_stages; s++)
+        for (size_t t = 0; t < TEST_COUNT(test_dtypes); t++)
+            for (size_t j = 0; j < TEST_COUNT(test_one_head_shapes); j++) {
+                struct shape sh = test_shape(1, 1, test_one_head_shapes[j].N, test_one_head_shapes[j].d,
+                                             test_one_head_shapes[j].causal);
+                if (!stage_supports(all_stages[s], &sh, test_dtypes[t], why, sizeof why)) continue;
+                p[count++] = (struct test_case){.stage = s, .sh = sh, .dtype = test_dtypes[t], .amplitude = 1.0f};
+            }
+    return cr_make_param_array(struct test_case, p, count, test_free_params);
+}
+
+ParameterizedTest(struct test_case *tc, stages, one_head) { test_stage_vs_reference(tc); }

@@ -133,6 +133,28 @@ static __device__ __forceinline__ uint32_t pack_bf162(float lo, float hi)
     return *reinterpret_cast<uint32_t *>(&h);
 }
 
+/* ---- the 16-bit input type as a template parameter ----
+ * A kernel written for T = __half or __nv_bfloat16 calls mma16<T>::mma and mma16<T>::pack, so one
+ * kernel serves both dtypes (the layouts are the same; only the instruction differs). */
+template <typename T>
+struct mma16;
+template <>
+struct mma16<__half> {
+    static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], const uint32_t b[2])
+    {
+        mma_m16n8k16_f16(c, a, b);
+    }
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi) { return pack_half2(lo, hi); }
+};
+template <>
+struct mma16<__nv_bfloat16> {
+    static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], const uint32_t b[2])
+    {
+        mma_m16n8k16_bf16(c, a, b);
+    }
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi) { return pack_bf162(lo, hi); }
+};
+
 /* 2^x with one MUFU instruction (ex2.approx, flush-to-zero; rel. error ~2^-22). 2^-inf = +0. */
 static __device__ __forceinline__ float exp2_approx(float x)
 {

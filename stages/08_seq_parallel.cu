@@ -1,0 +1,388 @@
+/* 08_seq_parallel.cu: FlashAttention-2 forward, parallel over the sequence (FA-2 paper, section 3.2)
+ *
+ * Changed from stage 7: the grid is (batch * heads) x (Q tiles): one block per Q tile instead of
+ *   one per head, so a single head of a long sequence fills the GPU. With a causal mask a block
+ *   never visits the K/V tiles wholly right of the diagonal, masks only the tiles that need it,
+ *   and the heaviest Q tiles (the last ones, which see the most keys) are launched first.
+ *   Then the engineering that makes it FlashAttention-2's speed, each step measured in
+ *   notes/08_seq_parallel.md:
+ *   - K_{j+1} and V_{j+1} are copied (cp.async) into a second buffer while tile j computes:
+ *     one barrier per K/V step instead of two, and every load has a whole step to arrive;
+ *   - shared-memory tiles are unpadded and swizzled (16-byte chunks XOR-permuted by row), so
+ *     cp.async writes and ldmatrix reads are free of bank conflicts;
+ *   - scores stay raw: exp(scale * s - scale * m) is one FFMA and one exp2, with scale * log2(e)
+ *     folded into one constant; row sums stay per thread until the end;
+ *   - tile sizes and warps per block chosen per head dim (configuration below); each warp owns 32
+ *     rows where registers allow, so every K and V fragment it loads feeds two mma;
+ *   - O leaves through shared memory (each warp's own rows of the Q tile) in 16-byte stores.
+ *   fp16 and bf16 (one kernel, the element type a template parameter); d = 32, 64, 128, 256.
+ * Measured on H200: see notes/08_seq_parallel.md.
+ * Run: ./stage8 --batch 1 --heads 1 --seqlen 16384 --dim 128 --causal
+ */
+#include "common/attn.h"
+#include "common/cuda/counters.cuh"
+#include "common/cuda/cuda_check.h"
+#include "common/cuda/mma.cuh"
+
+#include <algorithm>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdio.h>
+
+/* ---- configuration ---- */
+
+#define LOG2E 1.4426950408889634f /* exp(x) = exp2(x * LOG2E) */
+#define LN2 0.6931471805599453f   /* log(x) = log2(x) * LN2 */
+#define WARP_SIZE 32
+#define FULL_MASK 0xffffffffu
+
+/* Per head dim: NWARPS warps, each owning M_TILES m16 tiles (16 * M_TILES rows) of the Q tile, and
+ * K/V tiles of Bc keys. Per thread a warp's rows hold M_TILES * D / 2 fp32 of O_i and
+ * M_TILES * Bc / 2 of S_ij; the sum must stay well under the 255 registers a thread may use, or
+ * the kernel spills (check with -Xptxas -v). Two rows' tiles per warp (M_TILES = 2) halve the
+ * shared-memory reads per mma: each K or V fragment serves both. */
+template <int D>
+struct stage8_cfg;
+template <>
+struct stage8_cfg<32> { static constexpr int NWARPS = 4, M_TILES = 2, Bc = 128; };  /* O 32 + S 128 */
+template <>
+struct stage8_cfg<64> { static constexpr int NWARPS = 4, M_TILES = 2, Bc = 64; };   /* O 64 + S 64 */
+template <>
+struct stage8_cfg<128> { static constexpr int NWARPS = 4, M_TILES = 2, Bc = 64; };  /* O 128 + S 64 */
+template <>
+struct stage8_cfg<256> { static constexpr int NWARPS = 4, M_TILES = 1, Bc = 64; };  /* O 128 + S 32 */
+
+/* Everything derived from the configuration: tile sizes and the shared-memory layout. */
+template <int D>
+struct stage8_tiles {
+    typedef stage8_cfg<D> C;
+    static constexpr int NWARPS = C::NWARPS, M_TILES = C::M_TILES, Bc = C::Bc;
+    static constexpr int NTHREADS = NWARPS * WARP_SIZE;
+    static constexpr int ROWS_PER_WARP = 16 * M_TILES;
+    static constexpr int Br = NWARPS * ROWS_PER_WARP;
+    /* Q_i [Br][D], then two buffers of K_j [Bc][D] and V_j [Bc][D], all 16-bit, swizzled */
+    static constexpr size_t Q_i = 0;
+    static constexpr size_t K_j = Q_i + 2 * (size_t)Br * D;
+    static constexpr size_t V_j = K_j + 2 * 2 * (size_t)Bc * D;
+    static constexpr size_t bytes = V_j + 2 * 2 * (size_t)Bc * D;
+    static_assert(D % 16 == 0 && D >= 32, "head dim must be whole k16 steps, and at least 32 (swizzle)");
+    static_assert(Bc % 16 == 0, "K_j must be whole k16 steps of the P_ij V_j product");
+};
+
+/* ---- kernel ---- */
+
+/* The swizzle. A tile row of D 16-bit elements is D / 8 chunks of 16 bytes. ldmatrix reads one
+ * chunk from each of 8 consecutive rows; unpadded, those 8 chunks would sit in the same banks
+ * (D = 64: rows 128 bytes apart). Storing logical chunk c of row r at chunk c ^ f(r), where f(r)
+ * takes 8 different values over any 8 consecutive rows' 128-byte lines, puts them in 8 different
+ * 16-byte bank groups. D >= 64: f(r) = r mod 8. D = 32 (two rows per 128-byte line):
+ * f(r) = (r / 2) mod 4, and the two rows sharing a line differ in their half of it. */
+template <int D>
+static __device__ __forceinline__ int stage8_swz(int row, int chunk)
+{
+    constexpr int CHUNKS = D / 8;
+    const int f = CHUNKS >= 8 ? (row & 7) : ((row / (8 / CHUNKS)) & (CHUNKS - 1));
+    return row * D + ((chunk ^ f) << 3); /* element offset */
+}
+
+/* Rows row0 .. row0+ROWS-1 of one head's [N, D] matrix into a swizzled shared tile, 16 bytes per
+ * cp.async. Rows at or past N are zero-filled (and never read from HBM). */
+template <typename T, int D, int ROWS, int NTHREADS>
+static __device__ __forceinline__ void stage8_load_tile(T *tile, const T *src, int row0, int N)
+{
+    constexpr int CHUNKS = D / 8;
+    for (int c = threadIdx.x; c < ROWS * CHUNKS; c += NTHREADS) {
+        const int r = c / CHUNKS, chunk = c % CHUNKS;
+        const bool valid = row0 + r < N;
+        const T *from = src + (size_t)(valid ? row0 + r : 0) * D + chunk * 8;
+        cp_async_16_zfill(tile + stage8_swz<D>(r, chunk), from, valid);
+    }
+}
+
+/* COUNT: the counting build for --counters (common/cuda/counters.cuh); the timed build has none. */
+template <typename T, int D, bool COUNT>
+static __global__ void __launch_bounds__(stage8_tiles<D>::NTHREADS)
+stage8_seq_parallel_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__restrict__ V,
+                           T *__restrict__ O, float *__restrict__ L, int N, int causal, float scale_log2,
+                           unsigned long long *counters)
+{
+    typedef stage8_tiles<D> TL;
+    typedef mma16<T> M;
+    constexpr int NTHREADS = TL::NTHREADS, M_TILES = TL::M_TILES, Br = TL::Br, Bc = TL::Bc;
+    constexpr int KT = Bc / 8; /* n8 key tiles of S_ij */
+    constexpr int DT = D / 8;  /* n8 column tiles of O_i */
+    extern __shared__ __align__(128) unsigned char smem[];
+    T *Q_i = (T *)(smem + TL::Q_i);
+    T *K_buf = (T *)(smem + TL::K_j); /* [2][Bc][D] */
+    T *V_buf = (T *)(smem + TL::V_j); /* [2][Bc][D] */
+
+    const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
+    const int g = lane >> 2, t = lane & 3;      /* groupID, tid_in_group (see mma.cuh) */
+    const int row0 = warp * TL::ROWS_PER_WARP;  /* this warp's rows of Q_i, O_i */
+
+    /* The grid: x = (batch, head), y = Q tile. Blocks start in linear order (x fastest), so with a
+     * causal mask y = 0 takes the last Q tile, which sees the most K/V tiles: the longest blocks
+     * start first and the short ones fill in at the end. */
+    const int Tr = gridDim.y;
+    const int i = causal ? Tr - 1 - (int)blockIdx.y : (int)blockIdx.y;
+    const size_t bh = blockIdx.x, head = bh * N * D;
+    Q += head, K += head, V += head, O += head, L += bh * N;
+    const int q0 = i * Br; /* first query row of this tile */
+    /* K/V tiles this Q tile sees: all of them, or (causal) up to the one holding its last row */
+    const int Tc = CEIL_DIV(N, Bc);
+    const int n_tiles = causal ? min(Tc, (min(q0 + Br, N) - 1) / Bc + 1) : Tc;
+    work_tally<COUNT> tally;
+
+    /* Q_i, K_0 and V_0: one cp.async group. */
+    stage8_load_tile<T, D, Br, NTHREADS>(Q_i, Q, q0, N);
+    stage8_load_tile<T, D, Bc, NTHREADS>(K_buf, K, 0, N);
+    stage8_load_tile<T, D, Bc, NTHREADS>(V_buf, V, 0, N);
+    cp_async_commit();
+
+    /* This lane's rows are row0 + 16 mt + 8 h + g (mt < M_TILES, h = 0, 1). m_i is the running
+     * max of the raw scores (not yet scaled); l_i is this lane's part of the row sum (its 2 of
+     * every 8 columns), added across the quad only at the end. */
+    float O_acc[M_TILES][DT][4] = {};
+    float m_i[M_TILES][2], l_i[M_TILES][2];
+#pragma unroll
+    for (int mt = 0; mt < M_TILES; mt++) m_i[mt][0] = m_i[mt][1] = -INFINITY, l_i[mt][0] = l_i[mt][1] = 0.f;
+
+    for (int j = 0; j < n_tiles; j++) {
+        cp_async_wait<0>();
+        __syncthreads(); /* K_j, V_j (and Q_i) in shared memory; every warp is done with tile j-1,
+                          * so its buffer is free for tile j+1 */
+        if (j + 1 < n_tiles) { /* tile j+1 copies while tile j computes */
+            const int b = (j + 1) & 1;
+            stage8_load_tile<T, D, Bc, NTHREADS>(K_buf + b * Bc * D, K, (j + 1) * Bc, N);
+            stage8_load_tile<T, D, Bc, NTHREADS>(V_buf + b * Bc * D, V, (j + 1) * Bc, N);
+        }
+        cp_async_commit();
+        const T *K_j = K_buf + (j & 1) * Bc * D, *V_j = V_buf + (j & 1) * Bc * D;
+
+        /* S_ij = Q_i K_j^T (raw: the scale is applied inside the exponential), this warp's rows */
+        float S_ij[M_TILES][KT][4] = {};
+#pragma unroll
+        for (int k = 0; k < D; k += 16) {
+            uint32_t Qf[M_TILES][4]; /* A fragments: rows 16 mt .. +15, columns k .. k+15 */
+#pragma unroll
+            for (int mt = 0; mt < M_TILES; mt++)
+                ldmatrix_x4(Qf[mt], Q_i + stage8_swz<D>(row0 + mt * 16 + (lane & 15), k / 8 + (lane >> 4)));
+#pragma unroll
+            for (int kb = 0; kb < Bc / 16; kb++) {
+                uint32_t Kf[4]; /* B fragments: Kf[0..1] keys 16kb .. +7, Kf[2..3] keys 16kb+8 .. +15 */
+                ldmatrix_x4(Kf, K_j + stage8_swz<D>(kb * 16 + (lane & 7) + ((lane >> 4) << 3), k / 8 + ((lane >> 3) & 1)));
+#pragma unroll
+                for (int mt = 0; mt < M_TILES; mt++) {
+                    M::mma(S_ij[mt][2 * kb], Qf[mt], &Kf[0]);
+                    M::mma(S_ij[mt][2 * kb + 1], Qf[mt], &Kf[2]);
+                }
+            }
+        }
+
+        /* Masks, only on the tiles that need them: the tail tile (keys past N) and, when causal,
+         * the tiles that cross the diagonal (some key after some query of this tile). */
+        if ((j + 1) * Bc > N || (causal && (j + 1) * Bc - 1 > q0)) {
+#pragma unroll
+            for (int mt = 0; mt < M_TILES; mt++)
+#pragma unroll
+                for (int nt = 0; nt < KT; nt++)
+#pragma unroll
+                    for (int c = 0; c < 4; c++) {
+                        const int key = j * Bc + nt * 8 + 2 * t + (c & 1);
+                        const int query = q0 + row0 + mt * 16 + 8 * (c >> 1) + g;
+                        if (key >= N || (causal && key > query)) S_ij[mt][nt][c] = -INFINITY;
+                    }
+        }
+
+        /* The online softmax per row, in registers (stage 7's, with the scale folded in):
+         *   m_new = max(m_i, rowmax(S_ij));  base = scale * m_new * log2(e)
+         *   P_ij  = exp2(scale_log2 * S_ij - base)          one FFMA and one MUFU per score
+         *   alpha = exp2(scale_log2 * m_i - base);  l_i = alpha l_i + rowsum(P_ij);  O_i *= alpha
+         * A row masked so far has m_new = -inf: base = 0, so P_ij = exp2(-inf) = 0, not NaN. */
+        uint32_t P_ij[M_TILES][Bc / 16][4];
+#pragma unroll
+        for (int mt = 0; mt < M_TILES; mt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float mx = m_i[mt][h];
+#pragma unroll
+                for (int nt = 0; nt < KT; nt++) mx = fmaxf(mx, fmaxf(S_ij[mt][nt][2 * h], S_ij[mt][nt][2 * h + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1)); /* the quad holds the row */
+                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
+                const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
+                const float alpha = exp2_approx(m_i[mt][h] * scale_log2 - base);
+                m_i[mt][h] = mx;
+                float sum = 0.f;
+#pragma unroll
+                for (int nt = 0; nt < KT; nt++) {
+                    const float p0 = exp2_approx(fmaf(S_ij[mt][nt][2 * h], scale_log2, -base));
+                    const float p1 = exp2_approx(fmaf(S_ij[mt][nt][2 * h + 1], scale_log2, -base));
+                    S_ij[mt][nt][2 * h] = p0, S_ij[mt][nt][2 * h + 1] = p1;
+                    sum += p0 + p1;
+                }
+                l_i[mt][h] = alpha * l_i[mt][h] + sum;
+#pragma unroll
+                for (int nt = 0; nt < DT; nt++) O_acc[mt][nt][2 * h] *= alpha, O_acc[mt][nt][2 * h + 1] *= alpha;
+                if (t == 0 && q0 + row0 + mt * 16 + 8 * h + g < N) tally.add(CNT_ROW_CORRECT);
+            }
+        /* P_ij as 16-bit A fragments: two n8 key tiles' C layout is one k16 tile's A layout */
+#pragma unroll
+        for (int mt = 0; mt < M_TILES; mt++)
+#pragma unroll
+            for (int kb = 0; kb < Bc / 16; kb++) {
+                P_ij[mt][kb][0] = M::pack(S_ij[mt][2 * kb][0], S_ij[mt][2 * kb][1]);
+                P_ij[mt][kb][1] = M::pack(S_ij[mt][2 * kb][2], S_ij[mt][2 * kb][3]);
+                P_ij[mt][kb][2] = M::pack(S_ij[mt][2 * kb + 1][0], S_ij[mt][2 * kb + 1][1]);
+                P_ij[mt][kb][3] = M::pack(S_ij[mt][2 * kb + 1][2], S_ij[mt][2 * kb + 1][3]);
+            }
+
+        /* O_i += P_ij V_j: each V fragment serves this warp's M_TILES row tiles */
+#pragma unroll
+        for (int kb = 0; kb < Bc / 16; kb++)
+#pragma unroll
+            for (int n = 0; n < D; n += 16) {
+                uint32_t Vf[4]; /* B fragments: Vf[0..1] columns n..n+7, Vf[2..3] columns n+8.. */
+                ldmatrix_x4_trans(Vf, V_j + stage8_swz<D>(kb * 16 + (lane & 15), n / 8 + (lane >> 4)));
+#pragma unroll
+                for (int mt = 0; mt < M_TILES; mt++) {
+                    M::mma(O_acc[mt][n / 8], P_ij[mt][kb], &Vf[0]);
+                    M::mma(O_acc[mt][n / 8 + 1], P_ij[mt][kb], &Vf[2]);
+                }
+            }
+    }
+
+    /* The one normalization, O_i / l_i, and L = scale * m + log(l) in nats. O goes through this
+     * warp's own rows of the Q tile in shared memory (no other warp reads them, and this warp has
+     * done its last read of them), then out in 16-byte stores along each row. */
+#pragma unroll
+    for (int mt = 0; mt < M_TILES; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float sum = l_i[mt][h];
+            sum += __shfl_xor_sync(FULL_MASK, sum, 1);
+            sum += __shfl_xor_sync(FULL_MASK, sum, 2);
+            const float inv_l = sum > 0.f ? 1.f / sum : 0.f; /* an all-masked row gives O = 0 */
+            const int r = row0 + mt * 16 + 8 * h + g, query = q0 + r;
+            if (t == 0 && query < N) {
+                tally.add(CNT_ROW_NORMALIZE);
+                L[query] = m_i[mt][h] * scale_log2 * LN2 + logf(sum);
+            }
+#pragma unroll
+            for (int nt = 0; nt < DT; nt++)
+                *(uint32_t *)&Q_i[stage8_swz<D>(r, nt) + 2 * t] =
+                    M::pack(O_acc[mt][nt][2 * h] * inv_l, O_acc[mt][nt][2 * h + 1] * inv_l);
+        }
+    __syncwarp(); /* this warp's O rows in shared memory before its lanes copy them out */
+    constexpr int CHUNKS = D / 8;
+    for (int c = lane; c < TL::ROWS_PER_WARP * CHUNKS; c += WARP_SIZE) {
+        const int r = row0 + c / CHUNKS, chunk = c % CHUNKS, query = q0 + r;
+        if (query < N)
+            *(uint4 *)&O[(size_t)query * D + chunk * 8] = *(const uint4 *)&Q_i[stage8_swz<D>(r, chunk)];
+    }
+    tally.flush(counters);
+}
+
+/* ---- launcher ---- */
+
+/* Rows of K (and V) read for the Q tiles of one head: each Q tile reads the K/V tiles it sees. */
+template <int D>
+static double stage8_kv_rows(const struct shape *sh)
+{
+    typedef stage8_tiles<D> TL;
+    const int N = sh->N, Tr = CEIL_DIV(N, TL::Br), Tc = CEIL_DIV(N, TL::Bc);
+    double rows = 0;
+    for (int i = 0; i < Tr; i++) {
+        const int n_tiles = sh->causal ? std::min(Tc, (std::min((i + 1) * TL::Br, N) - 1) / TL::Bc + 1) : Tc;
+        rows += std::min(n_tiles * TL::Bc, N);
+    }
+    return rows;
+}
+
+/* The HBM bytes the loop structure moves: Q once; K_j, V_j once per Q tile that sees them; O and L
+ * once. (16-bit elements in both dtypes.) */
+static void stage8_hbm_traffic(const struct shape *sh, struct hbm_traffic *t)
+{
+    const double kv_rows = sh->d == 32 ? stage8_kv_rows<32>(sh) : sh->d == 64 ? stage8_kv_rows<64>(sh)
+                           : sh->d == 128 ? stage8_kv_rows<128>(sh) : stage8_kv_rows<256>(sh);
+    const double heads = (double)sh->B * sh->H, d = sh->d, N = sh->N;
+    t->Q = heads * N * d * 2;
+    t->KV = heads * 2.0 * kv_rows * d * 2;
+    t->O = heads * N * d * 2;
+    t->O_work = 0;
+    t->rowstats = heads * N * sizeof(float); /* L */
+    t->q_reads = 1;
+}
+
+template <typename T, int D, bool COUNT>
+static int stage8_launch(const struct attn_args *a, char *why, size_t n)
+{
+    typedef stage8_tiles<D> TL;
+    const size_t smem = TL::bytes;
+    int dev = 0, optin = 0;
+    CUDA_TRY(cudaGetDevice(&dev));
+    CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    if (smem > (size_t)optin) {
+        snprintf(why, n, "stage8: d=%d needs %zu bytes of shared memory per block; this device allows %d",
+                 D, smem, optin);
+        return 1;
+    }
+    CUDA_TRY(cudaFuncSetAttribute(stage8_seq_parallel_kernel<T, D, COUNT>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+
+    const struct shape *sh = &a->sh;
+    const long long bh = (long long)sh->B * sh->H;
+    if (bh > 2147483647LL) {
+        snprintf(why, n, "stage8: batch * heads = %lld is more than a grid dimension holds (2^31 - 1)", bh);
+        return 1;
+    }
+    /* (batch, head) in x, Q tiles in y: at most 2^20 / 64 = 16384 tiles, under y's 65535 */
+    const dim3 grid((unsigned)bh, CEIL_DIV(sh->N, TL::Br));
+    const dim3 block(TL::NTHREADS);
+    stage8_seq_parallel_kernel<T, D, COUNT><<<grid, block, smem>>>(
+        (const T *)a->Q, (const T *)a->K, (const T *)a->V, (T *)a->O, a->L, sh->N, sh->causal,
+        sh->scale * LOG2E, a->counters);
+    CUDA_TRY(cudaGetLastError());
+    return 0;
+}
+
+/* dtype, head dim and counting build -> the kernel's template arguments */
+template <typename T, bool COUNT>
+static int stage8_dispatch_d(const struct attn_args *a, char *why, size_t n)
+{
+    switch (a->sh.d) {
+    case 32: return stage8_launch<T, 32, COUNT>(a, why, n);
+    case 64: return stage8_launch<T, 64, COUNT>(a, why, n);
+    case 128: return stage8_launch<T, 128, COUNT>(a, why, n);
+    case 256: return stage8_launch<T, 256, COUNT>(a, why, n);
+    }
+    snprintf(why, n, "stage8 supports head dim 32, 64, 128 or 256 (got d=%d)", a->sh.d);
+    return 1;
+}
+
+template <typename T>
+static int stage8_dispatch(const struct attn_args *a, char *why, size_t n)
+{
+    return a->counters ? stage8_dispatch_d<T, true>(a, why, n) : stage8_dispatch_d<T, false>(a, why, n);
+}
+
+static int stage8_forward(const struct attn_args *a, char *why, size_t n)
+{
+    if (a->dtype == DT_F16) return stage8_dispatch<__half>(a, why, n);
+    if (a->dtype == DT_BF16) return stage8_dispatch<__nv_bfloat16>(a, why, n);
+    snprintf(why, n, "stage8 supports fp16 and bf16 (got %s)", dtype_name(a->dtype));
+    return 1;
+}
+
+extern "C" const struct stage stage8_desc = {
+    .name = "stage8",
+    .idea = "sequence parallel: one block per (Q tile, head), causal tiles skipped; pipelined and swizzled",
+    .device = ON_GPU,
+    .forward = stage8_forward,
+    .backward = NULL,
+    .dims = {32, 64, 128, 256},
+    .dtypes = DT_F16 | DT_BF16,
+    .workspace_bytes = NULL,
+    .openmp = 0,
+    .hbm_traffic = stage8_hbm_traffic,
+};
