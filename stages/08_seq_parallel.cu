@@ -45,19 +45,19 @@
 template <int D>
 struct stage8_cfg;
 template <>
-struct stage8_cfg<32> { static constexpr int NWARPS = 4, M_TILES = 2, Bc = 128; };  /* O 32 + S 128 */
+struct stage8_cfg<32> { static constexpr int NWARPS = 4, M_TILES = 2, Bc = 128, Bs = 128; };  /* O 32 + S 128 */
 template <>
-struct stage8_cfg<64> { static constexpr int NWARPS = 4, M_TILES = 2, Bc = 64; };   /* O 64 + S 64 */
+struct stage8_cfg<64> { static constexpr int NWARPS = 4, M_TILES = 2, Bc = 128, Bs = 128; };  /* O 64 + S 128 */
 template <>
-struct stage8_cfg<128> { static constexpr int NWARPS = 4, M_TILES = 2, Bc = 64; };  /* O 128 + S 64 */
+struct stage8_cfg<128> { static constexpr int NWARPS = 4, M_TILES = 2, Bc = 64, Bs = 32; };  /* O 128 + S 32 */
 template <>
-struct stage8_cfg<256> { static constexpr int NWARPS = 4, M_TILES = 1, Bc = 64; };  /* O 128 + S 32 */
+struct stage8_cfg<256> { static constexpr int NWARPS = 4, M_TILES = 1, Bc = 64, Bs = 64; };  /* O 128 + S 32 */
 
 /* Everything derived from the configuration: tile sizes and the shared-memory layout. */
 template <int D>
 struct stage8_tiles {
     typedef stage8_cfg<D> C;
-    static constexpr int NWARPS = C::NWARPS, M_TILES = C::M_TILES, Bc = C::Bc;
+    static constexpr int NWARPS = C::NWARPS, M_TILES = C::M_TILES, Bc = C::Bc, Bs = C::Bs;
     static constexpr int NTHREADS = NWARPS * WARP_SIZE;
     static constexpr int ROWS_PER_WARP = 16 * M_TILES;
     static constexpr int Br = NWARPS * ROWS_PER_WARP;
@@ -67,7 +67,7 @@ struct stage8_tiles {
     static constexpr size_t V_j = K_j + 2 * 2 * (size_t)Bc * D;
     static constexpr size_t bytes = V_j + 2 * 2 * (size_t)Bc * D;
     static_assert(D % 16 == 0 && D >= 32, "head dim must be whole k16 steps, and at least 32 (swizzle)");
-    static_assert(Bc % 16 == 0, "K_j must be whole k16 steps of the P_ij V_j product");
+    static_assert(Bs % 16 == 0 && Bc % Bs == 0, "sub-tiles must be whole k16 steps of P_ij V_j and divide Bc");
 };
 
 /* ---- kernel ---- */
@@ -84,6 +84,24 @@ static __device__ __forceinline__ int stage8_swz(int row, int chunk)
     constexpr int CHUNKS = D / 8;
     const int f = CHUNKS >= 8 ? (row & 7) : ((row / (8 / CHUNKS)) & (CHUNKS - 1));
     return row * D + ((chunk ^ f) << 3); /* element offset */
+}
+
+/* ldmatrix addresses, in 32-bit shared-memory bytes. A lane's address for logical (row, chunk) is
+ * split into a part that depends on the lane (computed once: stage8_lane_addr) and a compile-time
+ * step (stage8_step) of whole 8-row groups and an even number of chunks. Because the step keeps
+ * row mod 8 and adds no carry into the swizzled chunk bits, it is an XOR of constant bits plus a
+ * constant: each ldmatrix costs one or two integer instructions, and the kernel does not keep one
+ * register per fragment address (it runs at the 255-register limit). */
+template <int D>
+static __device__ __forceinline__ unsigned stage8_lane_addr(unsigned tile, int row, int chunk)
+{
+    return tile + 2 * stage8_swz<D>(row, chunk);
+}
+template <int D>
+static __device__ __forceinline__ unsigned stage8_step(unsigned lane_addr, int rows, int chunks)
+{
+    constexpr int LINE = D / 8 >= 8 ? 8 : D / 8; /* chunks the swizzle permutes together */
+    return (lane_addr ^ ((chunks % LINE) << 4)) + rows * D * 2 + (chunks / LINE) * 16 * LINE;
 }
 
 /* Rows row0 .. row0+ROWS-1 of one head's [N, D] matrix into a swizzled shared tile, 16 bytes per
@@ -110,7 +128,8 @@ stage8_seq_parallel_kernel(const T *__restrict__ Q, const T *__restrict__ K, con
     typedef stage8_tiles<D> TL;
     typedef mma16<T> M;
     constexpr int NTHREADS = TL::NTHREADS, M_TILES = TL::M_TILES, Br = TL::Br, Bc = TL::Bc;
-    constexpr int KT = Bc / 8; /* n8 key tiles of S_ij */
+    constexpr int Bs = TL::Bs;
+    constexpr int KT = Bs / 8; /* n8 key tiles of S_ij */
     constexpr int DT = D / 8;  /* n8 column tiles of O_i */
     extern __shared__ __align__(128) unsigned char smem[];
     T *Q_i = (T *)(smem + TL::Q_i);
@@ -120,6 +139,12 @@ stage8_seq_parallel_kernel(const T *__restrict__ Q, const T *__restrict__ K, con
     const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
     const int g = lane >> 2, t = lane & 3;      /* groupID, tid_in_group (see mma.cuh) */
     const int row0 = warp * TL::ROWS_PER_WARP;  /* this warp's rows of Q_i, O_i */
+    /* this lane's ldmatrix addresses at the first fragment of each operand (see stage8_step) */
+    const unsigned Q_lane = stage8_lane_addr<D>((unsigned)__cvta_generic_to_shared(Q_i), row0 + (lane & 15), lane >> 4);
+    const unsigned K_lane = stage8_lane_addr<D>((unsigned)__cvta_generic_to_shared(K_buf),
+                                                (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
+    const unsigned V_lane = stage8_lane_addr<D>((unsigned)__cvta_generic_to_shared(V_buf), lane & 15, lane >> 4);
+    constexpr unsigned TILE_BYTES = 2 * Bc * D; /* one K (or V) buffer */
 
     /* The grid: x = (batch, head), y = Q tile. Blocks start in linear order (x fastest), so with a
      * causal mask y = 0 takes the last Q tile, which sees the most K/V tiles: the longest blocks
@@ -158,98 +183,105 @@ stage8_seq_parallel_kernel(const T *__restrict__ Q, const T *__restrict__ K, con
             stage8_load_tile<T, D, Bc, NTHREADS>(V_buf + b * Bc * D, V, (j + 1) * Bc, N);
         }
         cp_async_commit();
-        const T *K_j = K_buf + (j & 1) * Bc * D, *V_j = V_buf + (j & 1) * Bc * D;
+        const unsigned K_j = K_lane + (j & 1) * TILE_BYTES, V_j = V_lane + (j & 1) * TILE_BYTES;
 
-        /* S_ij = Q_i K_j^T (raw: the scale is applied inside the exponential), this warp's rows */
-        float S_ij[M_TILES][KT][4] = {};
-#pragma unroll
-        for (int k = 0; k < D; k += 16) {
-            uint32_t Qf[M_TILES][4]; /* A fragments: rows 16 mt .. +15, columns k .. k+15 */
-#pragma unroll
-            for (int mt = 0; mt < M_TILES; mt++)
-                ldmatrix_x4(Qf[mt], Q_i + stage8_swz<D>(row0 + mt * 16 + (lane & 15), k / 8 + (lane >> 4)));
-#pragma unroll
-            for (int kb = 0; kb < Bc / 16; kb++) {
-                uint32_t Kf[4]; /* B fragments: Kf[0..1] keys 16kb .. +7, Kf[2..3] keys 16kb+8 .. +15 */
-                ldmatrix_x4(Kf, K_j + stage8_swz<D>(kb * 16 + (lane & 7) + ((lane >> 4) << 3), k / 8 + ((lane >> 3) & 1)));
-#pragma unroll
-                for (int mt = 0; mt < M_TILES; mt++) {
-                    M::mma(S_ij[mt][2 * kb], Qf[mt], &Kf[0]);
-                    M::mma(S_ij[mt][2 * kb + 1], Qf[mt], &Kf[2]);
-                }
-            }
-        }
-
-        /* Masks, only on the tiles that need them: the tail tile (keys past N) and, when causal,
-         * the tiles that cross the diagonal (some key after some query of this tile). */
-        if ((j + 1) * Bc > N || (causal && (j + 1) * Bc - 1 > q0)) {
-#pragma unroll
-            for (int mt = 0; mt < M_TILES; mt++)
-#pragma unroll
-                for (int nt = 0; nt < KT; nt++)
-#pragma unroll
-                    for (int c = 0; c < 4; c++) {
-                        const int key = j * Bc + nt * 8 + 2 * t + (c & 1);
-                        const int query = q0 + row0 + mt * 16 + 8 * (c >> 1) + g;
-                        if (key >= N || (causal && key > query)) S_ij[mt][nt][c] = -INFINITY;
+        /* The tile in sub-tiles of Bs keys (Bs = Bc where registers allow): scores, softmax and
+         * P_ij V_j for each in turn, so only Bs / 2 scores per row tile are live at once. Not
+         * unrolled: unrolled, the compiler overlaps two sub-tiles and runs out of registers. */
+#pragma unroll 1
+        for (int sb = 0; sb < Bc; sb += Bs) {
+            const int key0 = j * Bc + sb; /* first key of this sub-tile */
+            /* S_ij = Q_i K_j^T (raw: the scale is applied inside the exponential), this warp's rows */
+            float S_ij[M_TILES][KT][4] = {};
+    #pragma unroll
+            for (int k = 0; k < D; k += 16) {
+                uint32_t Qf[M_TILES][4]; /* A fragments: rows 16 mt .. +15, columns k .. k+15 */
+    #pragma unroll
+                for (int mt = 0; mt < M_TILES; mt++)
+                    ldmatrix_x4_at(Qf[mt], stage8_step<D>(Q_lane, mt * 16, k / 8));
+    #pragma unroll
+                for (int kb = 0; kb < Bs / 16; kb++) {
+                    uint32_t Kf[4]; /* B fragments: Kf[0..1] keys 16kb .. +7, Kf[2..3] keys 16kb+8 .. +15 */
+                    ldmatrix_x4_at(Kf, stage8_step<D>(K_j, sb + kb * 16, k / 8));
+    #pragma unroll
+                    for (int mt = 0; mt < M_TILES; mt++) {
+                        M::mma(S_ij[mt][2 * kb], Qf[mt], &Kf[0]);
+                        M::mma(S_ij[mt][2 * kb + 1], Qf[mt], &Kf[2]);
                     }
-        }
-
-        /* The online softmax per row, in registers (stage 7's, with the scale folded in):
-         *   m_new = max(m_i, rowmax(S_ij));  base = scale * m_new * log2(e)
-         *   P_ij  = exp2(scale_log2 * S_ij - base)          one FFMA and one MUFU per score
-         *   alpha = exp2(scale_log2 * m_i - base);  l_i = alpha l_i + rowsum(P_ij);  O_i *= alpha
-         * A row masked so far has m_new = -inf: base = 0, so P_ij = exp2(-inf) = 0, not NaN. */
-        uint32_t P_ij[M_TILES][Bc / 16][4];
-#pragma unroll
-        for (int mt = 0; mt < M_TILES; mt++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                float mx = m_i[mt][h];
-#pragma unroll
-                for (int nt = 0; nt < KT; nt++) mx = fmaxf(mx, fmaxf(S_ij[mt][nt][2 * h], S_ij[mt][nt][2 * h + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1)); /* the quad holds the row */
-                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
-                const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
-                const float alpha = exp2_approx(m_i[mt][h] * scale_log2 - base);
-                m_i[mt][h] = mx;
-                float sum = 0.f;
-#pragma unroll
-                for (int nt = 0; nt < KT; nt++) {
-                    const float p0 = exp2_approx(fmaf(S_ij[mt][nt][2 * h], scale_log2, -base));
-                    const float p1 = exp2_approx(fmaf(S_ij[mt][nt][2 * h + 1], scale_log2, -base));
-                    S_ij[mt][nt][2 * h] = p0, S_ij[mt][nt][2 * h + 1] = p1;
-                    sum += p0 + p1;
                 }
-                l_i[mt][h] = alpha * l_i[mt][h] + sum;
-#pragma unroll
-                for (int nt = 0; nt < DT; nt++) O_acc[mt][nt][2 * h] *= alpha, O_acc[mt][nt][2 * h + 1] *= alpha;
-                if (t == 0 && q0 + row0 + mt * 16 + 8 * h + g < N) tally.add(CNT_ROW_CORRECT);
-            }
-        /* P_ij as 16-bit A fragments: two n8 key tiles' C layout is one k16 tile's A layout */
-#pragma unroll
-        for (int mt = 0; mt < M_TILES; mt++)
-#pragma unroll
-            for (int kb = 0; kb < Bc / 16; kb++) {
-                P_ij[mt][kb][0] = M::pack(S_ij[mt][2 * kb][0], S_ij[mt][2 * kb][1]);
-                P_ij[mt][kb][1] = M::pack(S_ij[mt][2 * kb][2], S_ij[mt][2 * kb][3]);
-                P_ij[mt][kb][2] = M::pack(S_ij[mt][2 * kb + 1][0], S_ij[mt][2 * kb + 1][1]);
-                P_ij[mt][kb][3] = M::pack(S_ij[mt][2 * kb + 1][2], S_ij[mt][2 * kb + 1][3]);
             }
 
-        /* O_i += P_ij V_j: each V fragment serves this warp's M_TILES row tiles */
-#pragma unroll
-        for (int kb = 0; kb < Bc / 16; kb++)
-#pragma unroll
-            for (int n = 0; n < D; n += 16) {
-                uint32_t Vf[4]; /* B fragments: Vf[0..1] columns n..n+7, Vf[2..3] columns n+8.. */
-                ldmatrix_x4_trans(Vf, V_j + stage8_swz<D>(kb * 16 + (lane & 15), n / 8 + (lane >> 4)));
-#pragma unroll
+            /* Masks, only on the tiles that need them: the tail tile (keys past N) and, when causal,
+             * the tiles that cross the diagonal (some key after some query of this tile). */
+            if (key0 + Bs > N || (causal && key0 + Bs - 1 > q0)) {
+    #pragma unroll
+                for (int mt = 0; mt < M_TILES; mt++)
+    #pragma unroll
+                    for (int nt = 0; nt < KT; nt++)
+    #pragma unroll
+                        for (int c = 0; c < 4; c++) {
+                            const int key = key0 + nt * 8 + 2 * t + (c & 1);
+                            const int query = q0 + row0 + mt * 16 + 8 * (c >> 1) + g;
+                            if (key >= N || (causal && key > query)) S_ij[mt][nt][c] = -INFINITY;
+                        }
+            }
+
+            /* The online softmax per row, in registers (stage 7's, with the scale folded in):
+             *   m_new = max(m_i, rowmax(S_ij));  base = scale * m_new * log2(e)
+             *   P_ij  = exp2(scale_log2 * S_ij - base)          one FFMA and one MUFU per score
+             *   alpha = exp2(scale_log2 * m_i - base);  l_i = alpha l_i + rowsum(P_ij);  O_i *= alpha
+             * A row masked so far has m_new = -inf: base = 0, so P_ij = exp2(-inf) = 0, not NaN. */
+    #pragma unroll
+            for (int mt = 0; mt < M_TILES; mt++)
+    #pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    float mx = m_i[mt][h];
+    #pragma unroll
+                    for (int nt = 0; nt < KT; nt++) mx = fmaxf(mx, fmaxf(S_ij[mt][nt][2 * h], S_ij[mt][nt][2 * h + 1]));
+                    mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1)); /* the quad holds the row */
+                    mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
+                    const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
+                    const float alpha = exp2_approx(m_i[mt][h] * scale_log2 - base);
+                    m_i[mt][h] = mx;
+                    float sum = 0.f;
+    #pragma unroll
+                    for (int nt = 0; nt < KT; nt++) {
+                        const float p0 = exp2_approx(fmaf(S_ij[mt][nt][2 * h], scale_log2, -base));
+                        const float p1 = exp2_approx(fmaf(S_ij[mt][nt][2 * h + 1], scale_log2, -base));
+                        S_ij[mt][nt][2 * h] = p0, S_ij[mt][nt][2 * h + 1] = p1;
+                        sum += p0 + p1;
+                    }
+                    l_i[mt][h] = alpha * l_i[mt][h] + sum;
+    #pragma unroll
+                    for (int nt = 0; nt < DT; nt++) O_acc[mt][nt][2 * h] *= alpha, O_acc[mt][nt][2 * h + 1] *= alpha;
+                    if (t == 0 && q0 + row0 + mt * 16 + 8 * h + g < N) tally.add(CNT_ROW_CORRECT);
+                }
+            /* O_i += P_ij V_j, one k16 step of keys at a time. P_ij is packed into 16-bit A fragments
+             * just before its step (two n8 key tiles' C layout is one k16 tile's A layout), so the
+             * fp32 scores of a step die as its fragments are made: fewer registers live at once. Each
+             * V fragment serves this warp's M_TILES row tiles. */
+    #pragma unroll
+            for (int kb = 0; kb < Bs / 16; kb++) {
+                uint32_t P_ij[M_TILES][4];
+    #pragma unroll
                 for (int mt = 0; mt < M_TILES; mt++) {
-                    M::mma(O_acc[mt][n / 8], P_ij[mt][kb], &Vf[0]);
-                    M::mma(O_acc[mt][n / 8 + 1], P_ij[mt][kb], &Vf[2]);
+                    P_ij[mt][0] = M::pack(S_ij[mt][2 * kb][0], S_ij[mt][2 * kb][1]);
+                    P_ij[mt][1] = M::pack(S_ij[mt][2 * kb][2], S_ij[mt][2 * kb][3]);
+                    P_ij[mt][2] = M::pack(S_ij[mt][2 * kb + 1][0], S_ij[mt][2 * kb + 1][1]);
+                    P_ij[mt][3] = M::pack(S_ij[mt][2 * kb + 1][2], S_ij[mt][2 * kb + 1][3]);
+                }
+    #pragma unroll
+                for (int n = 0; n < D; n += 16) {
+                    uint32_t Vf[4]; /* B fragments: Vf[0..1] columns n..n+7, Vf[2..3] columns n+8.. */
+                    ldmatrix_x4_trans_at(Vf, stage8_step<D>(V_j, sb + kb * 16, n / 8));
+    #pragma unroll
+                    for (int mt = 0; mt < M_TILES; mt++) {
+                        M::mma(O_acc[mt][n / 8], P_ij[mt], &Vf[0]);
+                        M::mma(O_acc[mt][n / 8 + 1], P_ij[mt], &Vf[2]);
+                    }
                 }
             }
+        }
     }
 
     /* The one normalization, O_i / l_i, and L = scale * m + log(l) in nats. O goes through this

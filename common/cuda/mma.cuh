@@ -48,22 +48,32 @@ static __device__ __forceinline__ void mma_m16n8k16_bf16(float c[4], const uint3
  * Without .trans, r[k] = M_k[g][2t, 2t+1]    (row g of matrix k, the layout of a[] and c[]).
  * With    .trans, r[k] = M_k[2t, 2t+1][g]    (column g: the layout of b[] when M_k is stored
  *                                             k-major, e.g. V stored [key][dim]). */
-static __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *smem)
+/* The same from a 32-bit shared-memory address (what __cvta_generic_to_shared gives): lets a
+ * kernel do its address arithmetic in 32 bits. */
+static __device__ __forceinline__ void ldmatrix_x4_at(uint32_t r[4], unsigned addr)
 {
-    unsigned addr = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr)
                  : "memory");
 }
 
-static __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void *smem)
+static __device__ __forceinline__ void ldmatrix_x4_trans_at(uint32_t r[4], unsigned addr)
 {
-    unsigned addr = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr)
                  : "memory");
+}
+
+static __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *smem)
+{
+    ldmatrix_x4_at(r, (unsigned)__cvta_generic_to_shared(smem));
+}
+
+static __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void *smem)
+{
+    ldmatrix_x4_trans_at(r, (unsigned)__cvta_generic_to_shared(smem));
 }
 
 static __device__ __forceinline__ void ldmatrix_x2(uint32_t r[2], const void *smem)
