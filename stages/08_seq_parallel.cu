@@ -285,8 +285,9 @@ stage8_seq_parallel_kernel(const T *__restrict__ Q, const T *__restrict__ K, con
     }
 
     /* The one normalization, O_i / l_i, and L = scale * m + log(l) in nats. O goes through this
-     * warp's own rows of the Q tile in shared memory (no other warp reads them, and this warp has
-     * done its last read of them), then out in 16-byte stores along each row. */
+     * warp's own rows of the Q tile in shared memory (no other warp reads them), then out in
+     * 16-byte stores along each row. */
+    __syncwarp(); /* every lane of this warp is past its last ldmatrix of these rows */
 #pragma unroll
     for (int mt = 0; mt < M_TILES; mt++)
 #pragma unroll
