@@ -14,7 +14,9 @@ trap 'rm -rf "$tmp"' EXIT
 for csv in "${csvs[@]}"; do
   gpu=$(basename "$csv" .csv)
   # the latest row of each (stage, direction, dim, seqlen, causal), sorted for line plots
-  awk -F, 'NR > 1 { key = $1 FS $2 FS $8 FS $7 FS $9; last[key] = $0 } END { for (k in last) print last[k] }' "$csv" \
+  # (grid shapes only: B = 16384 / N and H = 2048 / d; other rows, such as B = H = 1, stay out)
+  awk -F, 'NR > 1 && $5 * $7 == 16384 && $6 * $8 == 2048 { key = $1 FS $2 FS $8 FS $7 FS $9; last[key] = $0 }
+           END { for (k in last) print last[k] }' "$csv" \
     | sort -t, -k1,1 -k2,2 -k8,8n -k9,9n -k7,7n > "$tmp/latest.csv"
   for dir in fwd bwd; do
     stages=$(awk -F, -v d="$dir" '$2 == d { print $1 }' "$tmp/latest.csv" | sort -u | sort -V)
