@@ -111,3 +111,15 @@ void cmp_print(FILE *f, const char *what, const struct cmp *c, const struct shap
     fprintf(f, "] got %.6g want %.6g | max_err %.3g mean_err %.3g tol %.3g nonfinite %zu of %zu\n",
             c->got, c->want, c->max_err, c->mean_err, c->tol, c->nonfinite, c->count);
 }
+
+/* Gradients (stage 9 against stage 1 or the fp64 oracle):
+ *   |g - g_ref| <= gmax * (8 u_dt + u32 * (2 smax + 4 sqrt(N) + 16))
+ * with gmax = max|g_ref| over the tensor. A reduced-precision backward rounds P and dS to its
+ * dtype before the products dV = P^T dO, dK = dS^T Q and dQ = dS K: each term off by u_dt
+ * relative, and these sums have terms of both signs, so the error is measured against the
+ * gradient's largest magnitude with room for several roundings (P, dS = P (dP - D) with its
+ * cancellation, the product) rather than one; the fp32 terms are the forward's. */
+double tol_grad(const struct shape *sh, enum dtype dt, double qmax, double kmax, double gmax)
+{
+    return gmax * (8 * unit_roundoff(dt) + fp32_terms(sh, qmax, kmax));
+}

@@ -421,4 +421,5 @@ extern "C" const struct stage stage4_desc = {
     .workspace_bytes = stage4_workspace_bytes,
     .openmp = 0,
     .hbm_traffic = stage4_hbm_traffic,
+    .measures_backward = 0,
 };

@@ -421,4 +421,5 @@ extern "C" const struct stage stage5_desc = {
     .workspace_bytes = stage5_workspace_bytes,
     .openmp = 0,
     .hbm_traffic = stage5_hbm_traffic,
+    .measures_backward = 0,
 };

@@ -397,4 +397,5 @@ extern "C" const struct stage stage6_desc = {
     .workspace_bytes = NULL,
     .openmp = 0,
     .hbm_traffic = stage6_hbm_traffic,
+    .measures_backward = 0,
 };

@@ -310,4 +310,5 @@ extern "C" const struct stage stage7_desc = {
     .workspace_bytes = NULL,
     .openmp = 0,
     .hbm_traffic = stage7_hbm_traffic,
+    .measures_backward = 0,
 };

@@ -418,4 +418,5 @@ extern "C" const struct stage stage8_desc = {
     .workspace_bytes = NULL,
     .openmp = 0,
     .hbm_traffic = stage8_hbm_traffic,
+    .measures_backward = 0,
 };
