@@ -42,7 +42,9 @@ for s in $STAGES; do
       [ -n "$row" ] || continue
     fi
     echo "$row,$machine" >> "$out"
-    echo "$s N=$n ... $(echo "$row" | awk -F, '{ printf "%.2f GFLOP/s, extra %d bytes, check %s", $12 * 1000, $16, $14 }')" >&2
+    # GFLOP/s from the time (the tflops column keeps three decimals, too few for a CPU)
+    echo "$s N=$n ... $(echo "$row" | awk -F, '{ printf "%.2f GFLOP/s, extra %d bytes, check %s",
+      4 * $5 * $6 * $7 * $7 * $8 / ($9 ? 2 : 1) / ($10 * 1e-3) / 1e9, $16, $14 }')" >&2
   done
 done
 echo "bench-cpu: rows appended to $out ($machine)" >&2
