@@ -40,11 +40,13 @@ render() {
 }
 # A gnuplot string assignment, name="value", double-quoted so that \n in a title breaks the line.
 gpstr() { local v=${2//\\/\\\\}; v=${v//\\\\n/\\n}; printf '%s="%s"' "$1" "${v//\"/\\\"}"; }
-# Series keys and their '|'-separated titles, in drawing order: stages by number, then PyTorch.
+# Series keys (stdin, one a line, repeats allowed) in drawing order: stages by number, then
+# torch-flash, then the rest.
 order_series() { sort -u | sort -V | awk '/^stage/ { print; next } $0 == "torch-flash" { print; next } { rest[++n] = $0 }
                                          END { for (i = 1; i <= n; i++) print rest[i] }'; }
+# The '|'-separated key entries of the series given as arguments.
 titles_of() { local t="" s; for s in "$@"; do t="$t${t:+|}$(title_of "${s%%@*}")"; done; echo "$t"; }
-# "b934f3e (stage 4-7), 13022c3 (stage 8, torch-flash)": the runs behind a set of "series commit" lines.
+# "b934f3e (stage4, stage5); 13022c3 (stage8, torch-flash)": the runs behind "series commit" lines.
 runs_of() {
   sort -u | awk '{ who[$2] = who[$2] (who[$2] == "" ? "" : ", ") $1; if (!($2 in seen)) { seen[$2]; order[++n] = $2 } }
     END { for (i = 1; i <= n; i++) printf "%s%s (%s)", (i > 1 ? "; " : ""), order[i], who[order[i]] }'

@@ -87,10 +87,10 @@ table=$(awk -F, -v N="$n" -v D="$d" -v gpu="$gpu" -v gfile="$(basename "$gcsv")"
       s = "stage" i; k = s FS "bwd"
       if (!(k in tf)) continue
       r = run[k]
-      fa = (("bwd" FS r) in fl) ? sprintf("%.2f×", tf[k] / fl["bwd" FS r]) : "–"
-      printf "| %d | %s | backward: %.1f TFLOP/s | – | %s (backward) | %s |\n", i, label[s], tf[k], fa, r
+      fa = (("bwd" FS r) in fl) ? sprintf("%.2f× (backward)", tf[k] / fl["bwd" FS r]) : "–"
+      printf "| %d | %s | backward: %.1f TFLOP/s | – | %s | %s |\n", i, label[s], tf[k], fa, r
       if (!(r in rs)) { rs[r]; rorder[++nr] = r }
-      who[r] = who[r] (who[r] == "" ? "" : ", ") i " (bwd)"
+      who[r] = who[r] (who[r] == "" ? "" : ", ") i " backward"
     }
     print ""
     if (cpus != "") {
