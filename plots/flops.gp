@@ -28,8 +28,8 @@ do for [d in '64 128'] {
   }
 }
 # one key for the four panels, in a strip under them
-eval keystrip(0.005, 0.135)
+eval keystrip(0.005, 0.125)
 set key center center horizontal Left reverse spacing 1.3 samplen 5 box font ',13'
-if (strlen(note) > 0) { set label 1 note at screen 0.5, 0.15 center font ',13' tc rgb '#404040' }
+if (strlen(note) > 0) { set label 1 note at screen 0.5, 0.155 center font ',13' tc rgb '#404040' noenhanced }
 plot for [i = 1:words(series)] NaN with linespoints ls style(word(series, i)) title field(titles, i)
 unset multiplot

@@ -76,9 +76,9 @@ for csv in "${gpu_csvs[@]}"; do
     what=$([ "$dir" = fwd ] && echo Forward || echo Backward)
     flops=$([ "$dir" = fwd ] && echo "4·B·H·N^2·d FLOPs" || echo "2.5 × 4·B·H·N^2·d FLOPs")
     heading="$what speed, $GPU, fp16, B·N = 16k tokens, H·d = 2048 ($flops, halved when causal)\\nthe latest run of each line, by commit: $runs"
-    note=""
+    note="torch-flash, torch-cudnn: PyTorch's scaled_dot_product_attention with its FlashAttention-2 and cuDNN backends"
     if ! printf '%s\n' "${series[@]}" | grep -q '^stage'; then
-      note="No stage has $dir rows yet: stage 9 (the backward) appears here once make bench records them."
+      note="No stage has $dir rows yet: stage 9 (the backward) appears here once make bench records them.\\n$note"
     fi
     render flops "${gpu}_$dir" "$(gpstr data "$tmp/$dir.dat")" "$(gpstr series "${series[*]}")" \
       "$(gpstr titles "$(titles_of "${series[@]}")")" "$(gpstr heading "$heading")" "$(gpstr note "$note")" \

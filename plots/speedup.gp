@@ -33,7 +33,7 @@ plot 1 with lines ls 14 notitle, \
 # one key for both panels, in a strip under them
 eval keystrip(0.06, 0.27)
 set key center center horizontal Left reverse spacing 1.3 samplen 5 box font ',13'
-if (strlen(note) > 0) { set label 1 note at screen 0.5, 0.03 center font ',12' tc rgb '#404040' }
+if (strlen(note) > 0) { set label 1 note at screen 0.5, 0.03 center font ',12' tc rgb '#404040' noenhanced }
 plot 1 / 0 with lines ls 14 title 'stage 4 (= 1×)', \
      for [i = 1:words(series)] NaN with linespoints ls style(word(series, i)) title field(titles, i), \
      NaN with linespoints ls style('paper') title 'FA-2 paper, A100: FlashAttention-2 over FlashAttention (FA-1)'
