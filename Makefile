@@ -1,6 +1,6 @@
 # FlashAttention, stage by stage. This Makefile holds the one list of stages.
 #   make stageN && ./stageN     build and run one stage (binary at the repository root)
-#   make all | test | bench | plots | sanitize | diffN | clean       (V=1 shows commands, DEBUG=1 -g + sanitizers)
+#   make all | test | bench | bench-cpu | bench-ncu | plots | sanitize | diffN | clean   (V=1 shows commands, DEBUG=1 -g + sanitizers)
 
 # ---- the stages: NN_slug, the file is stages/NN_slug.c (CPU) or .cu (GPU) ----
 CPU_STAGES := 01_naive 02_tiled_cpu 03_online_softmax
@@ -55,7 +55,7 @@ TEST_LINK = $(CC) -fopenmp $(LDFLAGS) -o $@ $^ $(CRITERION_LIBS) -lm
 endif
 STAGE_OBJS := $(sort $(foreach s,$(BUILT_STAGES),$(BUILD)/stages/$(s).o))
 
-.PHONY: all test bench plots sanitize clean FORCE
+.PHONY: all test bench bench-cpu bench-ncu plots sanitize clean FORCE
 all: $(foreach s,$(BUILT_STAGES),$(call bin,$(s))) tests/attn_tests
 
 # ---- compiling ----
@@ -143,6 +143,16 @@ sanitize: $(GPU_BINS)
 bench: $(GPU_BINS)
 	FA_COMMIT=$(COMMIT) STAGES="$(GPU_BINS)" plots/bench.sh
 
+# Nsight Compute's DRAM bytes for each GPU stage beside its formula, into plots/data/<gpu>_hbm.csv
+bench-ncu: $(GPU_BINS)
+	FA_COMMIT=$(COMMIT) STAGES="$(GPU_BINS)" plots/bench_ncu.sh
+
+# ---- on any machine ----
+# the CPU stages over N, into plots/data/cpu.csv (the CPU and memory charts are drawn from it)
+bench-cpu: $(CPU_BINS)
+	FA_COMMIT=$(COMMIT) STAGES="$(CPU_BINS)" plots/bench_cpu.sh
+
+# every chart (PNG and SVG) and the README's results table, from plots/data/*.csv alone
 plots:
 	plots/plot.sh
 

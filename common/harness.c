@@ -364,6 +364,10 @@ int harness_main(const struct stage *st, int argc, char **argv)
     if (o.csv) {
         if (!o.csv_no_header) print_csv_header(stdout);
         print_csv_row(stdout, &r);
+        if (r.counted) { /* --counters: a second CSV block, for scripts */
+            if (!o.csv_no_header) print_counters_csv_header(stdout);
+            print_counters_csv_row(stdout, &r);
+        }
     } else {
         print_summary(stdout, &r);
         if (r.counted) print_counters(stdout, &r);

@@ -116,6 +116,10 @@ struct result {
 void print_summary(FILE *f, const struct result *r);
 /* --counters: the kernel's counts per row and the stage's HBM traffic formula, a few lines. */
 void print_counters(FILE *f, const struct result *r);
+/* --counters --csv: after the result's header and row, this header and one row of the counts and
+ * the formula's bytes (--counters --csv-row: the row alone). */
+void print_counters_csv_header(FILE *f);
+void print_counters_csv_row(FILE *f, const struct result *r);
 void print_csv_header(FILE *f);
 void print_csv_row(FILE *f, const struct result *r);
 const char *build_commit(void);

@@ -78,3 +78,28 @@ void print_counters(FILE *f, const struct result *r)
                "O workspace %.3f GB | m, l, L %.3f GB\n",
             t.Q / 1e9, t.q_reads, t.KV / 1e9, t.O / 1e9, t.O_work / 1e9, t.rowstats / 1e9);
 }
+
+/* --counters with --csv: the same counts and formula bytes as a CSV block of its own (header
+ * printed by the caller), full precision, for scripts (plots/bench_ncu.sh) that must not parse
+ * the lines above. Byte columns are empty for a stage without a formula. */
+void print_counters_csv_header(FILE *f)
+{
+    fprintf(f, "stage,gpu,dtype,batch,heads,seqlen,dim,causal,row_normalizations,row_corrections,"
+               "hbm_formula_bytes,hbm_q_bytes,hbm_kv_bytes,hbm_o_bytes,hbm_o_work_bytes,"
+               "hbm_rowstats_bytes,q_reads,commit\n");
+}
+
+void print_counters_csv_row(FILE *f, const struct result *r)
+{
+    fprintf(f, "%s,%s,%s,%d,%d,%d,%d,%d,%llu,%llu,", r->st->name, r->gpu, dtype_name(r->dtype), r->sh.B,
+            r->sh.H, r->sh.N, r->sh.d, r->sh.causal, r->counts[CNT_ROW_NORMALIZE], r->counts[CNT_ROW_CORRECT]);
+    if (r->st->hbm_traffic) {
+        struct hbm_traffic t;
+        r->st->hbm_traffic(&r->sh, &t);
+        fprintf(f, "%.0f,%.0f,%.0f,%.0f,%.0f,%.0f,%.4f,", t.Q + t.KV + t.O + t.O_work + t.rowstats, t.Q, t.KV,
+                t.O, t.O_work, t.rowstats, t.q_reads);
+    } else {
+        fprintf(f, ",,,,,,,");
+    }
+    fprintf(f, "%s\n", build_commit());
+}

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# bench_ncu.sh: the HBM bytes of each GPU stage, two ways, at one shape (B = 4, H = 16, N = 4096,
+# d = 64, fp16, not causal): what the stage's loop structure moves (its formula, printed by
+# `./stageN --counters --csv`) and the DRAM bytes Nsight Compute measures for the stage's kernel,
+# first launch, clocks left alone. Appended to plots/data/<gpu>_hbm.csv, which `make plots` draws
+# as plots/<gpu>_hbm.png. Run through `make bench-ncu` on a machine with a GPU and Nsight Compute
+# (ncu, part of the CUDA Toolkit); reading DRAM counters may need root or the driver's
+# profiling permission (NVreg_RestrictProfilingToAdminUsers=0).
+#
+# Environment: STAGES ("stage4 ... stage8"), BATCH, HEADS, SEQLEN, DIM, CAUSAL (1 for --causal),
+# NCU (the ncu to use), FA_COMMIT (the commit in the CSV).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STAGES=${STAGES:-"stage4 stage5 stage6 stage7 stage8"}
+BATCH=${BATCH:-4}
+HEADS=${HEADS:-16}
+SEQLEN=${SEQLEN:-4096}
+DIM=${DIM:-64}
+CAUSAL=${CAUSAL:-0}
+NCU=${NCU:-ncu}
+export FA_COMMIT=${FA_COMMIT:-unknown}
+command -v "$NCU" >/dev/null || {
+  echo "bench-ncu: Nsight Compute's ncu not found: it comes with the CUDA Toolkit (or set NCU=/path/to/ncu)" >&2; exit 2; }
+
+shape=(--batch "$BATCH" --heads "$HEADS" --seqlen "$SEQLEN" --dim "$DIM")
+[ "$CAUSAL" = 1 ] && shape+=(--causal)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+header="stage,gpu,dtype,batch,heads,seqlen,dim,causal,hbm_formula_bytes,hbm_q_bytes,hbm_kv_bytes,hbm_o_bytes,hbm_o_work_bytes,hbm_rowstats_bytes,dram_read_bytes,dram_write_bytes,commit"
+failed=0
+for s in $STAGES; do
+  # 1. the formula: the counters' CSV block, the row under its header (columns found by name)
+  if ! "./$s" "${shape[@]}" --warmup 0 --iters 1 --counters --csv > "$tmp/counters.csv"; then
+    echo "$s: --counters failed" >&2; failed=1; continue
+  fi
+  formula=$(awk -F, '/^stage,gpu,dtype,.*hbm_formula_bytes/ { for (i = 1; i <= NF; i++) c[$i] = i; hdr = 1; next }
+    hdr && NF > 1 { printf "%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s", $c["stage"], $c["gpu"], $c["dtype"], $c["batch"],
+        $c["heads"], $c["seqlen"], $c["dim"], $c["causal"], $c["hbm_formula_bytes"], $c["hbm_q_bytes"],
+        $c["hbm_kv_bytes"], $c["hbm_o_bytes"], $c["hbm_o_work_bytes"], $c["hbm_rowstats_bytes"]; exit }' "$tmp/counters.csv")
+  [ -n "$formula" ] || { echo "$s: no counters CSV block in its output" >&2; failed=1; continue; }
+
+  # 2. the measurement: the stage's own kernel (its name starts with the stage's), first launch
+  #    only, the GPU's clocks as they are; ncu's CSV goes to its log file, the stage's line to stdout
+  if ! "$NCU" --clock-control none --launch-count 1 -k "regex:${s}_" \
+       --metrics dram__bytes_read.sum,dram__bytes_write.sum --csv --print-units base \
+       --log-file "$tmp/ncu.csv" "./$s" "${shape[@]}" --warmup 0 --iters 1 --no-check > "$tmp/run.txt"; then
+    echo "$s: ncu failed (see its messages above)" >&2; failed=1; continue
+  fi
+  # ncu --csv: one quoted row per metric; the value column may carry thousands separators, and a
+  # unit other than byte (should --print-units base be ignored) is scaled back to bytes
+  dram=$(awk '
+    function unq(x) { gsub(/^"|"$/, "", x); return x }
+    /^"/ { n = split(substr($0, 2, length($0) - 2), f, "\",\"")
+           if (!hdr) { for (i = 1; i <= n; i++) c[f[i]] = i; hdr = 1; next }
+           v = f[c["Metric Value"]]; gsub(/,/, "", v); u = f[c["Metric Unit"]]
+           m = (u == "Kbyte") ? 1e3 : (u == "Mbyte") ? 1e6 : (u == "Gbyte") ? 1e9 : (u == "Tbyte") ? 1e12 : 1
+           val[f[c["Metric Name"]]] = v * m }
+    END { if (("dram__bytes_read.sum" in val) && ("dram__bytes_write.sum" in val))
+            printf "%.0f,%.0f", val["dram__bytes_read.sum"], val["dram__bytes_write.sum"] }' "$tmp/ncu.csv")
+  if [ -z "$dram" ]; then
+    echo "$s: no dram__bytes_read.sum / dram__bytes_write.sum in ncu's output:" >&2
+    cat "$tmp/ncu.csv" >&2
+    failed=1
+    continue
+  fi
+  gpu=$(echo "$formula" | cut -d, -f2)
+  out="plots/data/${gpu}_hbm.csv"
+  [ -s "$out" ] || echo "$header" > "$out"
+  echo "$formula,$dram,$FA_COMMIT" >> "$out"
+  echo "$s: formula $(echo "$formula" | awk -F, '{ printf "%.3f", $9 / 1e9 }') GB, DRAM read + written" \
+       "$(echo "$dram" | awk -F, '{ printf "%.3f + %.3f GB", $1 / 1e9, $2 / 1e9 }') -> $out" >&2
+done
+exit $failed

@@ -1,0 +1,49 @@
+# style.gp: what every chart shares, loaded first by each plots/*.gp. Not run on its own.
+#
+# Variables the caller (plots/plot.sh) sets with gnuplot -e:
+#   fmt     'png' (pngcairo) or 'svg'
+#   out     the image to write
+#   series  the lines to draw, as words: stage4 stage5 torch-flash ...
+#   titles  their key entries, separated by '|', in the same order
+# A chart sets width and height with `eval terminal(width, height)`, places each panel with
+# `eval place(left, right, bottom, top)` (screen fractions) and may draw its key alone in a strip
+# of its own with `eval keystrip(bottom, top)` followed by a plot of NaN lines.
+
+terminal(w, h) = fmt eq 'svg' \
+    ? sprintf("set terminal svg size %d,%d dynamic enhanced font 'Sans,13' background rgb 'white'; set output '%s'", w, h, out) \
+    : sprintf("set terminal pngcairo size %d,%d enhanced font 'Sans,13' background rgb 'white'; set output '%s'", w, h, out)
+
+place(l, r, b, t) = sprintf("set lmargin at screen %g; set rmargin at screen %g; set bmargin at screen %g; set tmargin at screen %g", l, r, b, t)
+keystrip(b, t) = place(0.02, 0.98, b, t) . "; unset border; unset tics; unset grid; unset xlabel; unset ylabel; unset title; unset logscale; set xrange [0:1]; set yrange [0:1]"
+
+# field(s, i): the i-th '|'-separated part of s (titles may contain spaces, so word() cannot split them)
+bar(s) = strstrt(s, '|')
+field(s, i) = i <= 1 ? (bar(s) ? s[1:bar(s) - 1] : s) : (bar(s) ? field(s[bar(s) + 1:], i - 1) : '')
+
+# ---- line styles ----
+# Stages are coloured, solid, with filled markers. The yardsticks are black or grey, thick and
+# dashed, with open markers, so that they never read as one of the stages:
+#   11 torch-flash (FlashAttention-2), 12 torch-cudnn, 13 a figure from the FA-2 paper, 14 a formula
+set style line 1 lc rgb '#8c564b' lw 2 pt 7 ps 1.2 dt 1
+set style line 2 lc rgb '#e377c2' lw 2 pt 5 ps 1.2 dt 1
+set style line 3 lc rgb '#17becf' lw 2 pt 9 ps 1.4 dt 1
+set style line 4 lc rgb '#d62728' lw 2 pt 7 ps 1.2 dt 1
+set style line 5 lc rgb '#ff7f0e' lw 2 pt 5 ps 1.2 dt 1
+set style line 6 lc rgb '#b8a500' lw 2 pt 9 ps 1.4 dt 1
+set style line 7 lc rgb '#2ca02c' lw 2 pt 11 ps 1.4 dt 1
+set style line 8 lc rgb '#1f77b4' lw 2.5 pt 13 ps 1.4 dt 1
+set style line 9 lc rgb '#9467bd' lw 2.5 pt 7 ps 1.2 dt 1
+set style line 11 lc rgb '#000000' lw 3.5 pt 6 ps 1.5 dt (12, 6)
+set style line 12 lc rgb '#8a8a8a' lw 3.5 pt 4 ps 1.5 dt (3, 4)
+set style line 13 lc rgb '#000000' lw 2.5 pt 8 ps 1.8 dt (6, 4, 2, 4)
+set style line 14 lc rgb '#808080' lw 2 pt 0 dt (4, 4)
+
+# style(k): the line style of a series key such as stage4, torch-flash, stage8@h200, paper
+stem(k) = strstrt(k, '@') ? k[1:strstrt(k, '@') - 1] : k
+style(k) = stem(k) eq 'torch-flash' ? 11 : stem(k) eq 'torch-cudnn' ? 12 : stem(k) eq 'paper' ? 13 \
+         : stem(k) eq 'formula' ? 14 : stem(k)[1:5] eq 'stage' ? int(stem(k)[6:] + 0) : 14
+
+set grid lc rgb '#d8d8d8' lw 1 dt 1
+set border lw 1.2
+set tics nomirror
+set datafile separator whitespace
