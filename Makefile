@@ -127,10 +127,15 @@ test: all
 	./tests/attn_tests --jobs=$(or $(JOBS),2)
 
 # ---- GPU-only targets ----
-SANITIZE_SHAPES := "--seqlen 1 --dim 64" "--seqlen 100 --dim 64 --causal --counters" "--seqlen 77 --dim 128" \
-                   "--seqlen 130 --dim 128 --causal --batch 2 --heads 3"
+# One shape also runs the counting build (--counters) of a forward stage; stage 9, a backward,
+# has none and runs its --deterministic path there instead. ($(b) is the stage being sanitized.)
+SANITIZE_FLAG = $(or $(SANITIZE_FLAG_$(b)),--counters)
+SANITIZE_FLAG_stage9 := --deterministic
+SANITIZE_SHAPES = "--seqlen 1 --dim 64" "--seqlen 100 --dim 64 --causal $(SANITIZE_FLAG)" "--seqlen 77 --dim 128" \
+                  "--seqlen 130 --dim 128 --causal --batch 2 --heads 3"
 # stages that take more than the shapes above name their extra shapes here
-SANITIZE_SHAPES_stage9 := "--seqlen 100 --dim 64 --causal --deterministic" "--seqlen 130 --dim 128 --dtype bf16"
+SANITIZE_SHAPES_stage9 := "--seqlen 130 --dim 128 --dtype bf16 --deterministic" "--seqlen 200 --dim 128 --dtype bf16 --causal" \
+                          "--seqlen 1000 --dim 64"
 SANITIZE_SHAPES_stage8 := "--seqlen 200 --dim 32 --dtype bf16 --causal" "--seqlen 130 --dim 256" \
                           "--seqlen 300 --dim 128 --dtype bf16"
 sanitize: $(GPU_BINS)

@@ -130,7 +130,7 @@ int check_backward(const struct shape *sh, enum dtype dt, const float *Q, const 
                    const float *dO, const float *dQ, const float *dK, const float *dV, double *max_err, FILE *log)
 {
     const size_t n = shape_elems(sh);
-    const double qmax = max_abs(Q, n), kmax = max_abs(K, n);
+    const double qmax = max_abs(Q, n), kmax = max_abs(K, n), dov = max_abs(dO, n) * max_abs(V, n);
     const float *got[3] = {dQ, dK, dV};
     static const char *names[3] = {"dQ", "dK", "dV"};
     struct cmp c[3];
@@ -154,7 +154,7 @@ int check_backward(const struct shape *sh, enum dtype dt, const float *Q, const 
             for (size_t k = 0; k < n; k++) want[k] = g1[t][k];
             /* both sides carry rounding: the stage's allowance plus stage 1's (fp32) */
             const double gmax = max_abs(g1[t], n);
-            c[t] = compare(got[t], want, n, tol_grad(sh, dt, qmax, kmax, gmax) + tol_grad(sh, DT_F32, qmax, kmax, gmax));
+            c[t] = compare(got[t], want, n, tol_grad(sh, dt, qmax, kmax, dov, gmax) + tol_grad(sh, DT_F32, qmax, kmax, dov, gmax));
             free(g1[t]);
         }
         free(want), free(O1), free(L1);
@@ -170,7 +170,7 @@ int check_backward(const struct shape *sh, enum dtype dt, const float *Q, const 
             for (int t = 0; t < 3; t++) {
                 double gmax = 0;
                 for (size_t k = 0; k < nd; k++) gmax = fabs(want[t][k]) > gmax ? fabs(want[t][k]) : gmax;
-                struct cmp one = compare(got[t] + idx4(sh, b, h, 0, 0), want[t], nd, tol_grad(sh, dt, qmax, kmax, gmax));
+                struct cmp one = compare(got[t] + idx4(sh, b, h, 0, 0), want[t], nd, tol_grad(sh, dt, qmax, kmax, dov, gmax));
                 one.worst += idx4(sh, b, h, 0, 0);
                 if (e == 0) c[t] = one;
                 else cmp_merge(&c[t], &one);

@@ -79,7 +79,7 @@ void cmp_print(FILE *f, const char *what, const struct cmp *c, const struct shap
 double tol_output(const struct shape *sh, enum dtype dt, double qmax, double kmax, double vmax);
 double tol_lse(const struct shape *sh, enum dtype dt, double qmax, double kmax);
 /* The allowed error of a gradient (dQ, dK or dV) whose reference has largest magnitude gmax. */
-double tol_grad(const struct shape *sh, enum dtype dt, double qmax, double kmax, double gmax);
+double tol_grad(const struct shape *sh, enum dtype dt, double qmax, double kmax, double dov_max, double gmax);
 double max_abs(const float *x, size_t n);
 
 /* ---- timing (timing.c) ---- */
