@@ -153,23 +153,34 @@ static __device__ __forceinline__ void stage9_atomic_add2(float *dst, float a, f
 #endif
 }
 
-/* Per query row: D_i = rowsum(dO_i * O_i) in fp32 and L_i * log2(e), one warp per row; the row's
- * fp32 dQ accumulator zeroed. */
+/* Per query row: D_i = rowsum(dO_i * O_i) in fp32 and L_i * log2(e); the row's fp32 dQ
+ * accumulator zeroed. D / 8 threads per row, 16 bytes of O and dO each, so the loads are whole
+ * 128-byte lines: this kernel and the convert below only stream memory, and at N = 1024 they are
+ * several per cent of the backward. */
+static constexpr int PRE_THREADS = 256;
 template <typename T, int D>
-static __global__ void __launch_bounds__(128)
+static __global__ void __launch_bounds__(PRE_THREADS)
 stage9_preprocess_kernel(const T *__restrict__ O, const T *__restrict__ dO, const float *__restrict__ L,
                          float *__restrict__ Dsum, float *__restrict__ L2, float *__restrict__ dQ_acc, size_t rows)
 {
-    const size_t row = (size_t)blockIdx.x * 4 + threadIdx.x / WARP_SIZE;
-    const int lane = threadIdx.x % WARP_SIZE;
-    if (row >= rows) return;
+    constexpr int TPR = D / 8; /* threads per row; a power of 2 that divides 32, so a row's threads share a warp */
+    const size_t row = (size_t)blockIdx.x * (PRE_THREADS / TPR) + threadIdx.x / TPR;
+    const int c = (threadIdx.x % TPR) * 8;
+    const bool valid = row < rows; /* no early return: every lane takes part in the shuffles */
     float acc = 0.f;
-    for (int c = lane; c < D; c += WARP_SIZE) {
-        acc += (float)O[row * D + c] * (float)dO[row * D + c];
-        if (dQ_acc) dQ_acc[row * D + c] = 0.f;
+    if (valid) {
+        const uint4 o = *(const uint4 *)(O + row * D + c), g = *(const uint4 *)(dO + row * D + c);
+        const T *op = (const T *)&o, *gp = (const T *)&g;
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc += (float)op[e] * (float)gp[e];
+        if (dQ_acc) {
+            float4 *z = (float4 *)(dQ_acc + row * D + c);
+            z[0] = z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+        }
     }
-    for (int s = 16; s > 0; s >>= 1) acc += __shfl_xor_sync(FULL_MASK, acc, s);
-    if (lane == 0) {
+#pragma unroll
+    for (int s = TPR / 2; s > 0; s >>= 1) acc += __shfl_xor_sync(FULL_MASK, acc, s);
+    if (valid && threadIdx.x % TPR == 0) {
         Dsum[row] = acc;
         L2[row] = L[row] * LOG2E;
     }
@@ -219,8 +230,24 @@ stage9_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__
 
     stage9_load_tile<T, D, Bc, KV_THREADS>(K_j, K + head, j * Bc, N);
     stage9_load_tile<T, D, Bc, KV_THREADS>(V_j, V + head, j * Bc, N);
+    cp_async_commit();
     load_q_tile(i_first, 0);
     cp_async_commit();
+
+    /* A warp's own 16 rows of K_j and V_j are the A operand of S^T and dP^T at every step: at
+     * D = 64 they stay in registers (2 x D / 4 per thread) and save the sweep a tenth of its
+     * ldmatrix; at D = 128 they would not fit beside the accumulators and are read each step. */
+    constexpr bool KV_REGS = D <= 64;
+    uint32_t K_w[KV_REGS ? D / 16 : 1][4], V_w[KV_REGS ? D / 16 : 1][4];
+    if constexpr (KV_REGS) {
+        cp_async_wait<1>();
+        __syncthreads(); /* K_j, V_j in shared memory (the first Q tile may still be on its way) */
+#pragma unroll
+        for (int k = 0; k < D; k += 16) {
+            stage9_frag_A<D>(K_w[k / 16], K_j, key_w, k);
+            stage9_frag_A<D>(V_w[k / 16], V_j, key_w, k);
+        }
+    }
 
     float dK_acc[D / 8][4] = {}, dV_acc[D / 8][4] = {}; /* this warp's 16 keys x D */
 
@@ -238,7 +265,8 @@ stage9_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__
 #pragma unroll
         for (int k = 0; k < D; k += 16) {
             uint32_t Kf[4];
-            stage9_frag_A<D>(Kf, K_j, key_w, k);
+            if constexpr (KV_REGS) for (int r = 0; r < 4; r++) Kf[r] = K_w[k / 16][r];
+            else stage9_frag_A<D>(Kf, K_j, key_w, k);
 #pragma unroll
             for (int qb = 0; qb < Br / 16; qb++) {
                 uint32_t Qf[4];
@@ -279,7 +307,8 @@ stage9_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__
 #pragma unroll
         for (int k = 0; k < D; k += 16) {
             uint32_t Vf[4];
-            stage9_frag_A<D>(Vf, V_j, key_w, k);
+            if constexpr (KV_REGS) for (int r = 0; r < 4; r++) Vf[r] = V_w[k / 16][r];
+            else stage9_frag_A<D>(Vf, V_j, key_w, k);
 #pragma unroll
             for (int qb = 0; qb < Br / 16; qb++) {
                 uint32_t dOf[4];
@@ -453,17 +482,22 @@ stage9_dq_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__re
     }
 }
 
-/* dQ = scale * the fp32 accumulator, in the input dtype. */
+/* dQ = scale * the fp32 accumulator, in the input dtype, 8 elements (two float4 in, 16 bytes out)
+ * per thread and step; n8 = elements / 8 (d is a multiple of 8). */
 template <typename T>
-static __global__ void stage9_convert_kernel(const float *__restrict__ dQ_acc, T *__restrict__ dQ, size_t n, float scale)
+static __global__ void stage9_convert_kernel(const float *__restrict__ dQ_acc, T *__restrict__ dQ, size_t n8, float scale)
 {
-    for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += (size_t)gridDim.x * blockDim.x)
-        dQ[k] = (T)(scale * dQ_acc[k]);
+    typedef mma16<T> M;
+    for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < n8; k += (size_t)gridDim.x * blockDim.x) {
+        const float4 a = ((const float4 *)dQ_acc)[2 * k], b = ((const float4 *)dQ_acc)[2 * k + 1];
+        ((uint4 *)dQ)[k] = make_uint4(M::pack(scale * a.x, scale * a.y), M::pack(scale * a.z, scale * a.w),
+                                      M::pack(scale * b.x, scale * b.y), M::pack(scale * b.z, scale * b.w));
+    }
 }
 
 /* ---- launcher ---- */
 
-/* The workspace: D and L * log2(e) (fp32, one each per row), then the fp32 dQ accumulator. */
+/* The workspace: the fp32 dQ accumulator, then D and L * log2(e) (fp32, one each per row). */
 static size_t stage9_workspace_bytes(const struct shape *sh)
 {
     return 2 * shape_rows(sh) * sizeof(float) + shape_elems(sh) * sizeof(float);
@@ -484,12 +518,12 @@ static int stage9_launch(const struct attn_args *a, char *why, size_t n)
         return 1;
 
     const size_t rows = shape_rows(sh), elems = shape_elems(sh);
-    float *Dsum = (float *)a->work, *L2 = Dsum + rows, *dQ_acc = L2 + rows;
+    float *dQ_acc = (float *)a->work, *Dsum = dQ_acc + elems, *L2 = Dsum + rows; /* dQ_acc first: 16-byte aligned */
     const T *Q = (const T *)a->Q, *K = (const T *)a->K, *V = (const T *)a->V, *O = (const T *)a->O;
     const T *dO = (const T *)a->dO;
 
-    stage9_preprocess_kernel<T, D><<<(unsigned)CEIL_DIV(rows, 4), 128>>>(O, dO, a->L, Dsum, L2,
-                                                                          a->deterministic ? NULL : dQ_acc, rows);
+    stage9_preprocess_kernel<T, D><<<(unsigned)CEIL_DIV(rows, PRE_THREADS / (D / 8)), PRE_THREADS>>>(
+        O, dO, a->L, Dsum, L2, a->deterministic ? NULL : dQ_acc, rows);
     CUDA_TRY(cudaGetLastError());
     stage9_dkdv_kernel<T, D><<<dim3(CEIL_DIV(sh->N, Bc), (unsigned)bh), KV_THREADS, kv_smem>>>(
         Q, K, V, dO, L2, Dsum, (T *)a->dK, (T *)a->dV, dQ_acc, sh->N, sh->causal, sh->scale, !a->deterministic);
@@ -498,8 +532,8 @@ static int stage9_launch(const struct attn_args *a, char *why, size_t n)
         stage9_dq_kernel<T, D><<<dim3(CEIL_DIV(sh->N, DQ_Br), (unsigned)bh), DQ_THREADS, q_smem>>>(
             Q, K, V, dO, L2, Dsum, (T *)a->dQ, sh->N, sh->causal, sh->scale);
     } else {
-        stage9_convert_kernel<T><<<(unsigned)std::min<size_t>(CEIL_DIV(elems, 256), 65535), 256>>>(
-            dQ_acc, (T *)a->dQ, elems, sh->scale);
+        stage9_convert_kernel<T><<<(unsigned)std::min<size_t>(CEIL_DIV(elems / 8, 256), 65535), 256>>>(
+            dQ_acc, (T *)a->dQ, elems / 8, sh->scale);
     }
     CUDA_TRY(cudaGetLastError());
     return 0;
