@@ -149,8 +149,10 @@ bench: $(GPU_BINS)
 	FA_COMMIT=$(COMMIT) STAGES="$(GPU_BINS)" plots/bench.sh
 
 # Nsight Compute's DRAM bytes for each GPU stage beside its formula, into plots/data/<gpu>_hbm.csv
-bench-ncu: $(GPU_BINS)
-	FA_COMMIT=$(COMMIT) STAGES="$(GPU_BINS)" plots/bench_ncu.sh
+# (the forward stages: their --counters print the formula; stage 9 measures a backward)
+NCU_BINS = $(filter-out stage9,$(GPU_BINS))
+bench-ncu: $(NCU_BINS)
+	FA_COMMIT=$(COMMIT) STAGES="$(NCU_BINS)" plots/bench_ncu.sh
 
 # ---- on any machine ----
 # the CPU stages over N, into plots/data/cpu.csv (the CPU and memory charts are drawn from it)
