@@ -6,6 +6,7 @@
  * with one output element left as NaN (an element a kernel forgot to write). Both must fail with
  * the worst element printed, while the real stage 3 passes, both on a small shape (whole output
  * against stage 1) and on one large enough for the sampled check against the oracle.
+ * check_backward, stage 9's check of dQ, dK and dV, gets the same treatment (at the end).
  */
 #define _GNU_SOURCE /* open_memstream */
 #include "common_test.h"
