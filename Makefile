@@ -4,7 +4,7 @@
 
 # ---- the stages: NN_slug, the file is stages/NN_slug.c (CPU) or .cu (GPU) ----
 CPU_STAGES := 01_naive 02_tiled_cpu 03_online_softmax
-GPU_STAGES := 04_fa1 05_delayed_rescaling 06_loop_swap 07_warp_partition 08_seq_parallel
+GPU_STAGES := 04_fa1 05_delayed_rescaling 06_loop_swap 07_warp_partition 08_seq_parallel 09_backward
 
 MAKEFLAGS += --no-builtin-rules
 .SUFFIXES:
@@ -41,6 +41,7 @@ COMMON_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard common/*.c))
 COMMON_OBJS := $(filter-out $(BUILD)/common/main.o,$(COMMON_OBJS))
 CUDA_OBJS := $(BUILD)/common/cuda/runner.o
 REF_OBJ := $(BUILD)/stages/01_naive.o   # stage 1 is every stage's reference, linked into each
+LINK_WITH_stage9 := $(BUILD)/stages/08_seq_parallel.o   # stage 9's forward is stage 8's
 TEST_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/*.c)) $(BUILD)/registry.o
 TEST_CUDA_OBJS := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard tests/*.cu))   # GPU-side tests, with nvcc only
 
@@ -88,7 +89,7 @@ $(call bin,$(1)): $(BUILD)/main_$(call bin,$(1)).o $(sort $(BUILD)/stages/$(1).o
 endef
 define gpu_stage
 ifneq ($(HAVE_NVCC),)
-$(call bin,$(1)): $(BUILD)/main_$(call bin,$(1)).o $(BUILD)/stages/$(1).o $(REF_OBJ) $(COMMON_OBJS) $(CUDA_OBJS)
+$(call bin,$(1)): $(BUILD)/main_$(call bin,$(1)).o $(BUILD)/stages/$(1).o $(LINK_WITH_$(call bin,$(1))) $(REF_OBJ) $(COMMON_OBJS) $(CUDA_OBJS)
 	@$(if $(Q),echo "  LD    $$@")
 	$(Q)$(NVCC) $(NVLINK) $(NVLDFLAGS) -o $$@ $$^ -lm
 else
@@ -126,9 +127,15 @@ test: all
 	./tests/attn_tests --jobs=$(or $(JOBS),2)
 
 # ---- GPU-only targets ----
-SANITIZE_SHAPES := "--seqlen 1 --dim 64" "--seqlen 100 --dim 64 --causal --counters" "--seqlen 77 --dim 128" \
-                   "--seqlen 130 --dim 128 --causal --batch 2 --heads 3"
+# One shape also runs the counting build (--counters) of a forward stage; stage 9, a backward,
+# has none and runs its --deterministic path there instead. ($(b) is the stage being sanitized.)
+SANITIZE_FLAG = $(or $(SANITIZE_FLAG_$(b)),--counters)
+SANITIZE_FLAG_stage9 := --deterministic
+SANITIZE_SHAPES = "--seqlen 1 --dim 64" "--seqlen 100 --dim 64 --causal $(SANITIZE_FLAG)" "--seqlen 77 --dim 128" \
+                  "--seqlen 130 --dim 128 --causal --batch 2 --heads 3"
 # stages that take more than the shapes above name their extra shapes here
+SANITIZE_SHAPES_stage9 := "--seqlen 130 --dim 128 --dtype bf16 --deterministic" "--seqlen 200 --dim 128 --dtype bf16 --causal" \
+                          "--seqlen 1000 --dim 64"
 SANITIZE_SHAPES_stage8 := "--seqlen 200 --dim 32 --dtype bf16 --causal" "--seqlen 130 --dim 256" \
                           "--seqlen 300 --dim 128 --dtype bf16"
 sanitize: $(GPU_BINS)
@@ -142,8 +149,10 @@ bench: $(GPU_BINS)
 	FA_COMMIT=$(COMMIT) STAGES="$(GPU_BINS)" plots/bench.sh
 
 # Nsight Compute's DRAM bytes for each GPU stage beside its formula, into plots/data/<gpu>_hbm.csv
-bench-ncu: $(GPU_BINS)
-	FA_COMMIT=$(COMMIT) STAGES="$(GPU_BINS)" plots/bench_ncu.sh
+# (the forward stages: their --counters print the formula; stage 9 measures a backward)
+NCU_BINS = $(filter-out stage9,$(GPU_BINS))
+bench-ncu: $(NCU_BINS)
+	FA_COMMIT=$(COMMIT) STAGES="$(NCU_BINS)" plots/bench_ncu.sh
 
 # ---- on any machine ----
 # the CPU stages over N, into plots/data/cpu.csv (the CPU and memory charts are drawn from it)

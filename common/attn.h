@@ -40,6 +40,7 @@ struct attn_args {
     const void *dO;          /* backward only: incoming gradient of O */
     void *dQ, *dK, *dV;      /* backward only: outputs */
     void *work;
+    int deterministic;       /* backward: bitwise-identical dQ from run to run (--deterministic) */
     /* --counters: device memory for N_COUNTERS tallies, zeroed, which the stage's kernel adds
      * the work it did to (a counting instantiation of the kernel); NULL in every timed run. */
     unsigned long long *counters;
@@ -79,6 +80,9 @@ struct stage {
     int openmp;              /* CPU stages: 1 if it spreads work over OpenMP threads */
     /* GPU stages: the bytes its loop structure moves for this shape (--counters shows them). */
     void (*hbm_traffic)(const struct shape *sh, struct hbm_traffic *t);
+    /* 1: the stage's program measures its backward (after one forward for O and L): the check is on
+     * dQ, dK, dV, and the summary and CSV rows are the backward's (direction "bwd"). */
+    int measures_backward;
 };
 
 /* FLOPs as the FA2 paper counts them: 4*B*H*N^2*d for the forward, halved when causal;

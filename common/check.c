@@ -111,3 +111,20 @@ void cmp_print(FILE *f, const char *what, const struct cmp *c, const struct shap
     fprintf(f, "] got %.6g want %.6g | max_err %.3g mean_err %.3g tol %.3g nonfinite %zu of %zu\n",
             c->got, c->want, c->max_err, c->mean_err, c->tol, c->nonfinite, c->count);
 }
+
+/* Gradients (stage 9 against stage 1 or the fp64 oracle):
+ *   |g - g_ref| <= gmax * (8 u_dt + u32 * (2 smax + 4 sqrt(N) + 16)) + floor
+ * with gmax = max|g_ref| over the tensor. A reduced-precision backward rounds P and dS to its
+ * dtype before the products dV = P^T dO, dK = dS^T Q and dQ = dS K: each term off by u_dt
+ * relative, and these sums have terms of both signs, so the error is measured against the
+ * gradient's largest magnitude with room for several roundings (P, dS = P (dP - D) with its
+ * cancellation, the product) rather than one; the fp32 terms are the forward's.
+ * The floor is for gradients that cancel to nothing: at N = 1, P = 1 and dS = dP - D = 0 exactly,
+ * so dQ = dK = 0 and gmax = 0, while both sides still round dP and D (each at most
+ * d max|dO| max|V|, passed as dov_max = max|dO| max|V|) in fp32: 16 roundings of that, times
+ * scale max(|Q|, |K|). */
+double tol_grad(const struct shape *sh, enum dtype dt, double qmax, double kmax, double dov_max, double gmax)
+{
+    double floor = 16 * U32 * sh->scale * fmax(qmax, kmax) * sh->d * dov_max;
+    return gmax * (8 * unit_roundoff(dt) + fp32_terms(sh, qmax, kmax)) + floor;
+}

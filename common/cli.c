@@ -28,6 +28,7 @@ static void usage(const struct stage *st, const struct opts *def, FILE *f)
             "  --csv-row          print the CSV row alone\n"
             "%s"
             "%s"
+            "%s"
             "  --load DIR         read q.npy k.npy v.npy ([B, H, N, d], float32 or float16) from DIR\n"
             "  --save DIR         write q.npy k.npy v.npy o.npy lse.npy (float32) into DIR\n"
             "  --help             this text\n"
@@ -35,8 +36,9 @@ static void usage(const struct stage *st, const struct opts *def, FILE *f)
             st->name, st->idea, st->name, def->sh.B, def->sh.H, def->sh.N, def->sh.d,
             dtype_name(def->dtype), (unsigned long long)def->seed, def->warmup, def->iters,
             gpu ? "  --flush-l2         overwrite the L2 cache before every timed run\n" : "",
-            gpu ? "  --counters         run the kernel's counting build once more and print the work on O\n"
+            gpu && !st->measures_backward ? "  --counters         run the kernel's counting build once more and print the work on O\n"
                   "                     it counted, beside the HBM bytes its loop structure moves\n" : "",
+            st->measures_backward ? "  --deterministic    bitwise-identical dQ from run to run (no atomics; slower)\n" : "",
             st->name, gpu ? 4096 : 1024);
 }
 
@@ -99,6 +101,7 @@ int parse_opts(const struct stage *st, int argc, char **argv, struct opts *o, in
         if (!strcmp(name, "--csv-row")) { o->csv = o->csv_no_header = 1; continue; }
         if (!strcmp(name, "--flush-l2")) { o->flush_l2 = 1; continue; }
         if (!strcmp(name, "--counters")) { o->counters = 1; continue; }
+        if (!strcmp(name, "--deterministic")) { o->deterministic = 1; continue; }
         /* options with a value */
         static const char *valued[] = {"--batch", "--heads", "--seqlen", "--dim", "--dtype", "--seed", "--warmup",
                                        "--iters", "--softmax-scale", "--input-scale", "--load", "--save"};
@@ -139,6 +142,7 @@ int parse_opts(const struct stage *st, int argc, char **argv, struct opts *o, in
     }
     if (o->flush_l2 && st->device != ON_GPU) return bad(st, "--flush-l2 is for GPU stages");
     if (o->counters && st->device != ON_GPU) return bad(st, "--counters is for GPU stages");
+    if (o->deterministic && !st->measures_backward) return bad(st, "--deterministic is for a stage that measures its backward");
     o->sh.scale = softmax_scale > 0 ? softmax_scale : 1.0f / sqrtf((float)o->sh.d);
     o->softmax_scale_set = softmax_scale > 0;
     return 0;

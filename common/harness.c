@@ -124,6 +124,102 @@ int check_forward(const struct stage *st, const struct shape *sh, enum dtype dt,
     return pass;
 }
 
+/* ---- the backward ---- */
+
+int check_backward(const struct shape *sh, enum dtype dt, const float *Q, const float *K, const float *V,
+                   const float *dO, const float *dQ, const float *dK, const float *dV, double *max_err, FILE *log)
+{
+    const size_t n = shape_elems(sh);
+    const double qmax = max_abs(Q, n), kmax = max_abs(K, n), dov = max_abs(dO, n) * max_abs(V, n);
+    const float *got[3] = {dQ, dK, dV};
+    static const char *names[3] = {"dQ", "dK", "dV"};
+    struct cmp c[3];
+    const char *ref;
+    double macs = (double)sh->B * sh->H * sh->N * sh->N * sh->d;
+    if (macs <= (double)CHECK_WHOLE_MAX_MACS) {
+        /* every element, against stage 1's forward and backward in fp32 (stage 1's backward is
+         * itself checked against the fp64 oracle and finite differences in the tests) */
+        ref = "stage1";
+        float *O1 = xmalloc(n * sizeof(float)), *L1 = xmalloc(shape_rows(sh) * sizeof(float));
+        float *g1[3] = {xmalloc(n * sizeof(float)), xmalloc(n * sizeof(float)), xmalloc(n * sizeof(float))};
+        char why[256];
+        struct attn_args a = {.sh = *sh, .dtype = DT_F32, .Q = Q, .K = K, .V = V, .O = O1, .L = L1,
+                              .dO = dO, .dQ = g1[0], .dK = g1[1], .dV = g1[2]};
+        if (stage1_desc.forward(&a, why, sizeof why) || stage1_desc.backward(&a, why, sizeof why)) {
+            fprintf(stderr, "reference failed: %s\n", why);
+            exit(EXIT_CHECK_FAILED);
+        }
+        double *want = xmalloc(n * sizeof(double));
+        for (int t = 0; t < 3; t++) {
+            for (size_t k = 0; k < n; k++) want[k] = g1[t][k];
+            /* both sides carry rounding: the stage's allowance plus stage 1's (fp32) */
+            const double gmax = max_abs(g1[t], n);
+            c[t] = compare(got[t], want, n, tol_grad(sh, dt, qmax, kmax, dov, gmax) + tol_grad(sh, DT_F32, qmax, kmax, dov, gmax));
+            free(g1[t]);
+        }
+        free(want), free(O1), free(L1);
+    } else {
+        /* the first and the last head, whole, against the fp64 oracle */
+        ref = "fp64 oracle, first and last head";
+        const size_t nd = (size_t)sh->N * sh->d;
+        double *want[3] = {xmalloc(nd * sizeof(double)), xmalloc(nd * sizeof(double)), xmalloc(nd * sizeof(double))};
+        int heads[2] = {0, sh->B * sh->H - 1};
+        for (int e = 0; e < (heads[1] > 0 ? 2 : 1); e++) {
+            const int b = heads[e] / sh->H, h = heads[e] % sh->H;
+            oracle_backward_head(sh, Q, K, V, dO, b, h, want[0], want[1], want[2]);
+            for (int t = 0; t < 3; t++) {
+                double gmax = 0;
+                for (size_t k = 0; k < nd; k++) gmax = fabs(want[t][k]) > gmax ? fabs(want[t][k]) : gmax;
+                struct cmp one = compare(got[t] + idx4(sh, b, h, 0, 0), want[t], nd, tol_grad(sh, dt, qmax, kmax, dov, gmax));
+                one.worst += idx4(sh, b, h, 0, 0);
+                if (e == 0) c[t] = one;
+                else cmp_merge(&c[t], &one);
+            }
+        }
+        for (int t = 0; t < 3; t++) free(want[t]);
+    }
+    int pass = 1;
+    *max_err = 0;
+    for (int t = 0; t < 3; t++) {
+        pass &= c[t].pass;
+        if (c[t].max_err > *max_err) *max_err = c[t].max_err;
+    }
+    if (!pass && log) {
+        fprintf(log, "check against %s failed (rule in common/check.c, tol_grad)\n", ref);
+        for (int t = 0; t < 3; t++) cmp_print(log, names[t], &c[t], sh, 0);
+    }
+    return pass;
+}
+
+/* A stage that measures its backward: inputs and a seeded dO, its forward and backward on the
+ * device (gpu_run_backward times the backward), the check of dQ, dK, dV, the report. */
+static int backward_main(const struct stage *st, const struct opts *o, const float *Q, const float *K,
+                         const float *V)
+{
+    size_t n = shape_elems(&o->sh);
+    float *dO = xmalloc(n * sizeof(float)), *g[3];
+    for (int t = 0; t < 3; t++) g[t] = xmalloc(n * sizeof(float));
+    fill_uniform(dO, n, o->seed * 3 + 3, 1.0f, o->dtype); /* a fourth seeded stream beside Q, K, V */
+    struct result r = {.st = st, .sh = o->sh, .dtype = o->dtype, .direction = "bwd", .max_err = -1, .check = "skip"};
+    int rc = gpu_run_backward(st, o, Q, K, V, dO, g[0], g[1], g[2], &r);
+    int pass = 1;
+    if (!rc && o->check) {
+        pass = check_backward(&o->sh, o->dtype, Q, K, V, dO, g[0], g[1], g[2], &r.max_err, stderr);
+        r.check = pass ? "pass" : "fail";
+    }
+    if (!rc) {
+        if (o->csv) {
+            if (!o->csv_no_header) print_csv_header(stdout);
+            print_csv_row(stdout, &r);
+        } else {
+            print_summary(stdout, &r);
+        }
+    }
+    free(dO);
+    for (int t = 0; t < 3; t++) free(g[t]);
+    return rc ? rc : pass ? EXIT_PASS : EXIT_CHECK_FAILED;
+}
+
 /* --load DIR: q.npy, k.npy and v.npy of one shape, which then replaces the command line's. */
 static int load_inputs(const struct opts *o, struct shape *sh, float **Q, float **K, float **V)
 {
@@ -239,6 +335,19 @@ int harness_main(const struct stage *st, int argc, char **argv)
     } else {
         Q = xmalloc(n * sizeof(float)), K = xmalloc(n * sizeof(float)), V = xmalloc(n * sizeof(float));
         make_inputs(&o.sh, o.seed, o.input_scale, o.dtype, Q, K, V);
+    }
+    if (st->measures_backward) {
+        if (o.load_dir || o.save_dir || o.counters) {
+            fprintf(stderr, "%s: --load, --save and --counters are for the forward stages\n", st->name);
+            rc = EXIT_USAGE;
+        } else if (!gpu_run_backward) {
+            fprintf(stderr, "%s: this program was built without CUDA\n", st->name);
+            rc = EXIT_NO_DEVICE;
+        } else {
+            rc = backward_main(st, &o, Q, K, V);
+        }
+        free(Q), free(K), free(V);
+        return rc;
     }
     float *O = xmalloc(n * sizeof(float)), *L = xmalloc(rows * sizeof(float));
     struct result r = {.st = st, .sh = o.sh, .dtype = o.dtype, .direction = "fwd", .max_err = -1, .check = "skip"};

@@ -26,6 +26,7 @@ struct opts {
     int csv_no_header;    /* --csv-row: the row alone (the benchmark appends many) */
     int flush_l2;         /* GPU: overwrite L2 before each timed run */
     int counters;         /* GPU: one more run with the kernel's counting build, counts printed */
+    int deterministic;    /* backward: --deterministic */
     int softmax_scale_set;/* --softmax-scale given (else 1/sqrt(d), recomputed when --load sets d) */
     const char *load_dir, *save_dir;
 };
@@ -51,6 +52,9 @@ void oracle_forward(const struct shape *sh, const float *Q, const float *K, cons
 /* Backward of the loss sum(dO * O) with respect to Q, K, V, all in fp64. */
 void oracle_backward(const struct shape *sh, const float *Q, const float *K, const float *V,
                      const float *dO, double *dQ, double *dK, double *dV);
+/* The same for one head (b, h) only: dQ, dK, dV are that head's [N, d] (OpenMP over rows). */
+void oracle_backward_head(const struct shape *sh, const float *Q, const float *K, const float *V,
+                          const float *dO, int b, int h, double *dQ, double *dK, double *dV);
 
 /* ---- checks (check.c) ---- */
 struct cmp {
@@ -74,6 +78,8 @@ void cmp_print(FILE *f, const char *what, const struct cmp *c, const struct shap
  * reasoning are written beside the definition in check.c. */
 double tol_output(const struct shape *sh, enum dtype dt, double qmax, double kmax, double vmax);
 double tol_lse(const struct shape *sh, enum dtype dt, double qmax, double kmax);
+/* The allowed error of a gradient (dQ, dK or dV) whose reference has largest magnitude gmax. */
+double tol_grad(const struct shape *sh, enum dtype dt, double qmax, double kmax, double dov_max, double gmax);
 double max_abs(const float *x, size_t n);
 
 /* ---- timing (timing.c) ---- */
@@ -131,6 +137,12 @@ int run_forward_host(const struct stage *st, const struct shape *sh, enum dtype 
 int check_forward(const struct stage *st, const struct shape *sh, enum dtype dt, const float *Q,
                   const float *K, const float *V, const float *O, const float *L, double *max_err,
                   FILE *log);
+/* Check dQ, dK, dV of a backward: against stage 1's backward (on stage 1's own forward) on the
+ * whole output when the problem is small, else against the fp64 oracle on two whole heads.
+ * Prints a FAIL line per gradient when it fails; returns 1 when all pass, *max_err the largest. */
+int check_backward(const struct shape *sh, enum dtype dt, const float *Q, const float *K, const float *V,
+                   const float *dO, const float *dQ, const float *dK, const float *dV, double *max_err,
+                   FILE *log);
 int harness_main(const struct stage *st, int argc, char **argv);
 
 /* The GPU half, in common/cuda/runner.cu. Weak here so that CPU-only binaries link without it. */
@@ -140,6 +152,14 @@ int gpu_run_stage(const struct stage *st, const struct opts *o, const float *Q, 
 int gpu_forward_host(const struct stage *st, const struct shape *sh, enum dtype dt,
                      const float *Q, const float *K, const float *V, float *O, float *L,
                      unsigned long long *counts, char *why, size_t n) __attribute__((weak));
+/* A backward stage on the device: its forward once (O, L), then its backward; `deterministic` as
+ * --deterministic. gpu_run_backward also warms up and times the backward into `r`. */
+int gpu_backward_host(const struct stage *st, const struct shape *sh, enum dtype dt, int deterministic,
+                      const float *Q, const float *K, const float *V, const float *dO, float *dQ, float *dK,
+                      float *dV, char *why, size_t n) __attribute__((weak));
+int gpu_run_backward(const struct stage *st, const struct opts *o, const float *Q, const float *K,
+                     const float *V, const float *dO, float *dQ, float *dK, float *dV, struct result *r)
+    __attribute__((weak));
 /* 0 when a usable CUDA device (sm_80 or newer) is present; else a reason in `why`. */
 int gpu_available(char *why, size_t n) __attribute__((weak));
 

@@ -79,3 +79,45 @@ void oracle_backward(const struct shape *sh, const float *Q, const float *K, con
             }
     free(o);
 }
+
+void oracle_backward_head(const struct shape *sh, const float *Q, const float *K, const float *V,
+                          const float *dO, int b, int h, double *dQ, double *dK, double *dV)
+{
+    const int N = sh->N, d = sh->d;
+    const size_t nd = (size_t)N * d;
+    for (size_t k = 0; k < nd; k++) dQ[k] = dK[k] = dV[k] = 0;
+    const float *Qh = Q + idx4(sh, b, h, 0, 0), *Kh = K + idx4(sh, b, h, 0, 0), *Vh = V + idx4(sh, b, h, 0, 0);
+    const float *dOh = dO + idx4(sh, b, h, 0, 0);
+#pragma omp parallel
+    {
+        /* rows i are independent for dQ; dK and dV sum over i: each thread its own, added at the end */
+        double *o = malloc(sizeof(double) * (size_t)d);
+        double *dk = calloc(nd, sizeof(double)), *dv = calloc(nd, sizeof(double));
+#pragma omp for schedule(dynamic, 16)
+        for (int i = 0; i < N; i++) {
+            double lse;
+            oracle_forward_row(sh, Q, K, V, b, h, i, o, &lse);
+            const float *q = Qh + (size_t)i * d, *g = dOh + (size_t)i * d;
+            double D = 0;
+            for (int c = 0; c < d; c++) D += (double)g[c] * o[c];
+            int kend = sh->causal ? i + 1 : N;
+            for (int j = 0; j < kend; j++) {
+                const float *k = Kh + (size_t)j * d, *v = Vh + (size_t)j * d;
+                double dot = 0, dp = 0;
+                for (int c = 0; c < d; c++) {
+                    dot += (double)q[c] * k[c];
+                    dp += (double)g[c] * v[c];
+                }
+                double p = exp(dot * sh->scale - lse), ds = p * (dp - D);
+                for (int c = 0; c < d; c++) {
+                    dv[(size_t)j * d + c] += p * g[c];
+                    dQ[(size_t)i * d + c] += sh->scale * ds * k[c];
+                    dk[(size_t)j * d + c] += sh->scale * ds * q[c];
+                }
+            }
+        }
+#pragma omp critical
+        for (size_t k = 0; k < nd; k++) dK[k] += dk[k], dV[k] += dv[k];
+        free(o), free(dk), free(dv);
+    }
+}

@@ -55,6 +55,9 @@ table=$(awk -F, -v N="$n" -v D="$d" -v gpu="$gpu" -v gfile="$(basename "$gcsv")"
   # every grid shape with N >= 1024, for the last stage against FlashAttention-2
   $2 == "fwd" && $7 >= 1024 { sk = $1 FS $8 FS $9 FS $7; gtf[sk] = $12; grun[sk] = $15
                                if ($1 == "torch-flash") gfl[$8 FS $9 FS $7 FS $15] = $12 }
+  # ... and the backward stages against FlashAttention-2 backward
+  $2 == "bwd" && $7 >= 1024 { sk = $1 FS $8 FS $9 FS $7; btf[sk] = $12; brun[sk] = $15
+                               if ($1 == "torch-flash") bfl[$8 FS $9 FS $7 FS $15] = $12 }
   END {
     dagger = 0
     printf "| stage | idea | forward, N = %d, d = %d | × previous stage | × FlashAttention-2, same run | run |\n", N, D
@@ -101,6 +104,8 @@ table=$(awk -F, -v N="$n" -v D="$d" -v gpu="$gpu" -v gfile="$(basename "$gcsv")"
     for (j = 1; j <= nr; j++) printf "%s%s (stage%s %s)", (j > 1 ? ", " : ""), rorder[j], index(who[rorder[j]], ",") ? "s" : "", who[rorder[j]]
     printf ".\n- FlashAttention-2 is PyTorch'"'"'s `scaled_dot_product_attention` with its flash backend (torch-flash), timed in the same run: "
     for (j = 1; j <= nr; j++) if (("fwd" FS rorder[j]) in fl) printf "%s%.1f TFLOP/s in %s", (j > 1 ? ", " : ""), fl["fwd" FS rorder[j]], rorder[j]
+    for (j = 1; j <= nr; j++) if (("bwd" FS rorder[j]) in fl && index(who[rorder[j]], "backward"))
+      printf "; its backward %.1f TFLOP/s in %s", fl["bwd" FS rorder[j]], rorder[j]
     print "."
     if (dagger) print "- † the two stages come from different runs: the ratio of their ratios to torch-flash, each measured in its own run."
     # the last forward stage against FlashAttention-2 over the grid (N >= 1024)
@@ -113,6 +118,18 @@ table=$(awk -F, -v N="$n" -v D="$d" -v gpu="$gpu" -v gfile="$(basename "$gcsv")"
     }
     if (nm > 0)
       printf "- Over the grid'"'"'s %d points with N ≥ 1024 (d = 64 and 128, causal and not), stage %s runs at %.2f to %.2f times FlashAttention-2'"'"'s speed, geometric mean %.2f (each point against torch-flash in its own run).\n", nm, substr(last, 6), lo, hi, exp(lsum / nm)
+    # each backward stage against FlashAttention-2 backward over the grid (N >= 1024)
+    for (i = 4; i <= 99; i++) {
+      s = "stage" i; nm = 0; lsum = 0; lo = 1e9; hi = 0
+      for (sk in btf) {
+        split(sk, f, FS); if (f[1] != s) continue
+        fk = f[2] FS f[3] FS f[4] FS brun[sk]
+        if (!(fk in bfl)) continue
+        q = btf[sk] / bfl[fk]; nm++; lsum += log(q); if (q < lo) lo = q; if (q > hi) hi = q
+      }
+      if (nm > 0)
+        printf "- Backward, over the same %d points: stage %d runs at %.2f to %.2f times FlashAttention-2'"'"'s backward, geometric mean %.2f.\n", nm, i, lo, hi, exp(lsum / nm)
+    }
   }' "$here/labels.csv" "$ccsv" "$gcsv")
 
 if [ -z "$splice" ]; then

@@ -18,6 +18,7 @@
 #include "common/attn.h"
 #include "common/cuda/counters.cuh"
 #include "common/cuda/cuda_check.h"
+#include "common/cuda/launch.cuh"
 #include "common/cuda/mma.cuh"
 
 #include <cuda_fp16.h>
@@ -374,15 +375,7 @@ template <int D, bool COUNT>
 static int stage4_launch(const struct attn_args *a, char *why, size_t n)
 {
     const size_t smem = stage4_smem<D>::bytes;
-    int dev = 0, optin = 0;
-    CUDA_TRY(cudaGetDevice(&dev));
-    CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    if (smem > (size_t)optin) {
-        snprintf(why, n, "stage4: d=%d needs %zu bytes of shared memory per block; this device allows %d",
-                 D, smem, optin);
-        return 1;
-    }
-    CUDA_TRY(cudaFuncSetAttribute(stage4_fa1_kernel<D, COUNT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    if (smem_optin(stage4_fa1_kernel<D, COUNT>, smem, "stage4", D, why, n)) return 1;
 
     const struct shape *sh = &a->sh;
     const dim3 grid(sh->B * sh->H); /* one block per (batch, head), as in Algorithm 1 */
@@ -421,4 +414,5 @@ extern "C" const struct stage stage4_desc = {
     .workspace_bytes = stage4_workspace_bytes,
     .openmp = 0,
     .hbm_traffic = stage4_hbm_traffic,
+    .measures_backward = 0,
 };

@@ -15,6 +15,7 @@
 #include "common/attn.h"
 #include "common/cuda/counters.cuh"
 #include "common/cuda/cuda_check.h"
+#include "common/cuda/launch.cuh"
 #include "common/cuda/mma.cuh"
 
 #include <cuda_fp16.h>
@@ -355,15 +356,7 @@ template <int D, bool COUNT>
 static int stage6_launch(const struct attn_args *a, char *why, size_t n)
 {
     const size_t smem = stage6_smem<D>::bytes;
-    int dev = 0, optin = 0;
-    CUDA_TRY(cudaGetDevice(&dev));
-    CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    if (smem > (size_t)optin) {
-        snprintf(why, n, "stage6: d=%d needs %zu bytes of shared memory per block; this device allows %d",
-                 D, smem, optin);
-        return 1;
-    }
-    CUDA_TRY(cudaFuncSetAttribute(stage6_swapped_kernel<D, COUNT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    if (smem_optin(stage6_swapped_kernel<D, COUNT>, smem, "stage6", D, why, n)) return 1;
 
     const struct shape *sh = &a->sh;
     const dim3 grid(sh->B * sh->H); /* still one block per (batch, head) */
@@ -397,4 +390,5 @@ extern "C" const struct stage stage6_desc = {
     .workspace_bytes = NULL,
     .openmp = 0,
     .hbm_traffic = stage6_hbm_traffic,
+    .measures_backward = 0,
 };

@@ -18,6 +18,7 @@
 #include "common/attn.h"
 #include "common/cuda/counters.cuh"
 #include "common/cuda/cuda_check.h"
+#include "common/cuda/launch.cuh"
 #include "common/cuda/mma.cuh"
 
 #include <cuda_fp16.h>
@@ -268,15 +269,7 @@ template <int D, bool COUNT>
 static int stage7_launch(const struct attn_args *a, char *why, size_t n)
 {
     const size_t smem = stage7_smem<D>::bytes;
-    int dev = 0, optin = 0;
-    CUDA_TRY(cudaGetDevice(&dev));
-    CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    if (smem > (size_t)optin) {
-        snprintf(why, n, "stage7: d=%d needs %zu bytes of shared memory per block; this device allows %d",
-                 D, smem, optin);
-        return 1;
-    }
-    CUDA_TRY(cudaFuncSetAttribute(stage7_split_q_kernel<D, COUNT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    if (smem_optin(stage7_split_q_kernel<D, COUNT>, smem, "stage7", D, why, n)) return 1;
 
     const struct shape *sh = &a->sh;
     const dim3 grid(sh->B * sh->H); /* still one block per (batch, head) */
@@ -310,4 +303,5 @@ extern "C" const struct stage stage7_desc = {
     .workspace_bytes = NULL,
     .openmp = 0,
     .hbm_traffic = stage7_hbm_traffic,
+    .measures_backward = 0,
 };

@@ -22,6 +22,7 @@
 #include "common/attn.h"
 #include "common/cuda/counters.cuh"
 #include "common/cuda/cuda_check.h"
+#include "common/cuda/launch.cuh"
 #include "common/cuda/mma.cuh"
 
 #include <algorithm>
@@ -352,16 +353,7 @@ static int stage8_launch(const struct attn_args *a, char *why, size_t n)
 {
     typedef stage8_tiles<D> TL;
     const size_t smem = TL::bytes;
-    int dev = 0, optin = 0;
-    CUDA_TRY(cudaGetDevice(&dev));
-    CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    if (smem > (size_t)optin) {
-        snprintf(why, n, "stage8: d=%d needs %zu bytes of shared memory per block; this device allows %d",
-                 D, smem, optin);
-        return 1;
-    }
-    CUDA_TRY(cudaFuncSetAttribute(stage8_seq_parallel_kernel<T, D, COUNT>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    if (smem_optin(stage8_seq_parallel_kernel<T, D, COUNT>, smem, "stage8", D, why, n)) return 1;
 
     const struct shape *sh = &a->sh;
     const long long bh = (long long)sh->B * sh->H;
@@ -418,4 +410,5 @@ extern "C" const struct stage stage8_desc = {
     .workspace_bytes = NULL,
     .openmp = 0,
     .hbm_traffic = stage8_hbm_traffic,
+    .measures_backward = 0,
 };

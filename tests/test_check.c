@@ -6,6 +6,7 @@
  * with one output element left as NaN (an element a kernel forgot to write). Both must fail with
  * the worst element printed, while the real stage 3 passes, both on a small shape (whole output
  * against stage 1) and on one large enough for the sampled check against the oracle.
+ * check_backward, stage 9's check of dQ, dK and dV, gets the same treatment (at the end).
  */
 #define _GNU_SOURCE /* open_memstream */
 #include "common_test.h"
@@ -82,5 +83,58 @@ ParameterizedTest(struct shape *sh, check, catches_wrong_stage)
     cr_assert(!pass, "check_forward passed an output holding a NaN (N=%d d=%d)", sh->N, sh->d);
     cr_assert(strstr(log, "got nan") != NULL && strstr(log, "nonfinite 1 of") != NULL,
               "the failed check did not show the NaN as the worst element:\n%s", log);
+    free(log);
+}
+
+/* ---- the backward's check (check_backward, stage 9's) ----
+ * The "stage" here is stage 1's fp32 backward on fp16 inputs with its gradients rounded to fp16,
+ * what a correct fp16 kernel returns at best: it must pass. The same with dK 1% too large (a
+ * wrong scale) must fail, as must dQ with one element NaN. The small shape is checked whole
+ * against stage 1; the larger one (8 * 1024^2 * 64 = 537M multiply-adds) against the fp64 oracle
+ * on its first and last head. */
+static int test_run_check_backward(const struct shape *sh, int mutation, char **log_text)
+{
+    size_t n = shape_elems(sh), rows = shape_rows(sh), log_len;
+    float *Q = test_floats(n), *K = test_floats(n), *V = test_floats(n), *dO = test_floats(n);
+    float *O = test_floats(n), *L = test_floats(rows), *g[3] = {test_floats(n), test_floats(n), test_floats(n)};
+    make_inputs(sh, test_seed(sh), 1, DT_F16, Q, K, V);
+    fill_uniform(dO, n, test_seed(sh) * 3 + 3, 1.0f, DT_F16);
+    struct attn_args a = {.sh = *sh, .dtype = DT_F32, .Q = Q, .K = K, .V = V, .O = O, .L = L,
+                          .dO = dO, .dQ = g[0], .dK = g[1], .dV = g[2]};
+    char why[256];
+    cr_assert(stage1_desc.forward(&a, why, sizeof why) == 0 && stage1_desc.backward(&a, why, sizeof why) == 0,
+              "stage 1: %s", why);
+    for (int t = 0; t < 3; t++) fill_rounded(g[t], n, DT_F16);
+    if (mutation == 1)
+        for (size_t k = 0; k < n; k++) g[1][k] *= 1.01f;
+    if (mutation == 2) g[0][n - 1] = NAN;
+    FILE *log = open_memstream(log_text, &log_len);
+    cr_assert(log != NULL, "open_memstream failed");
+    double max_err;
+    int pass = check_backward(sh, DT_F16, Q, K, V, dO, g[0], g[1], g[2], &max_err, log);
+    fclose(log);
+    free(Q), free(K), free(V), free(dO), free(O), free(L);
+    for (int t = 0; t < 3; t++) free(g[t]);
+    return pass;
+}
+
+ParameterizedTestParameters(check, catches_wrong_gradient)
+{
+    struct shape *p = cr_malloc(2 * sizeof *p);
+    p[0] = test_shape(2, 3, 100, 64, 1);
+    p[1] = test_shape(1, 8, 1024, 64, 0);
+    return cr_make_param_array(struct shape, p, 2, test_free_params);
+}
+
+ParameterizedTest(struct shape *sh, check, catches_wrong_gradient)
+{
+    char *log;
+    cr_assert(test_run_check_backward(sh, 0, &log), "correctly rounded fp16 gradients failed (N=%d):\n%s", sh->N, log);
+    free(log);
+    cr_assert(!test_run_check_backward(sh, 1, &log), "check_backward passed dK 1%% too large (N=%d)", sh->N);
+    cr_assert(strstr(log, "dK: FAIL worst at [b=") != NULL, "the failed check did not name dK's worst element:\n%s", log);
+    free(log);
+    cr_assert(!test_run_check_backward(sh, 2, &log), "check_backward passed a dQ holding a NaN (N=%d)", sh->N);
+    cr_assert(strstr(log, "got nan") != NULL, "the failed check did not show the NaN:\n%s", log);
     free(log);
 }

@@ -117,6 +117,16 @@ static __device__ __forceinline__ void cp_async_16_zfill(void *smem, const void 
                  : "memory");
 }
 
+/* Four bytes (one float), with the same zero-fill tail rule; through L1 (.ca: the 4-byte size
+ * has no .cg form). */
+static __device__ __forceinline__ void cp_async_4_zfill(void *smem, const void *gmem, bool valid)
+{
+    unsigned addr = (unsigned)__cvta_generic_to_shared(smem);
+    int src_size = valid ? 4 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(addr), "l"(gmem), "r"(src_size)
+                 : "memory");
+}
+
 static __device__ __forceinline__ void cp_async_commit()
 {
     asm volatile("cp.async.commit_group;\n" ::: "memory");

@@ -159,6 +159,43 @@ extern "C" int gpu_forward_host(const struct stage *st, const struct shape *sh, 
     return rc;
 }
 
+/* The rest of the warm-up (the checked run was the first), then o->iters runs of fn, each between
+ * two CUDA events; with --flush-l2 a buffer twice the L2's size is overwritten before each run,
+ * outside the events, so every run starts with its inputs in HBM rather than in L2. The median
+ * and minimum go into r. */
+static void timed_runs(attn_fn fn, const struct attn_args *args, const struct opts *o, const struct gpu_info *info,
+                       struct result *r)
+{
+    char why[512];
+    for (int w = 1; w < o->warmup; w++) fn(args, why, sizeof why);
+    LAUNCH_CHECK();
+    struct dbuf flush = dbuf_alloc(o->flush_l2 ? 2 * (size_t)info->l2_bytes : 0);
+    std::vector<cudaEvent_t> start(o->iters), stop(o->iters);
+    for (int it = 0; it < o->iters; it++) {
+        CUDA_CHECK(cudaEventCreate(&start[it]));
+        CUDA_CHECK(cudaEventCreate(&stop[it]));
+    }
+    for (int it = 0; it < o->iters; it++) {
+        if (flush.p) CUDA_CHECK(cudaMemsetAsync(flush.p, it & 0xff, flush.bytes));
+        CUDA_CHECK(cudaEventRecord(start[it]));
+        fn(args, why, sizeof why);
+        CUDA_CHECK(cudaEventRecord(stop[it]));
+    }
+    LAUNCH_CHECK();
+    CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<double> t(o->iters);
+    for (int it = 0; it < o->iters; it++) {
+        float ms;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, start[it], stop[it]));
+        t[it] = ms;
+        CUDA_CHECK(cudaEventDestroy(start[it]));
+        CUDA_CHECK(cudaEventDestroy(stop[it]));
+    }
+    r->ms_median = median_min(t.data(), o->iters, &r->ms_min);
+    r->threads = 1;
+    dbuf_free(&flush);
+}
+
 extern "C" int gpu_run_stage(const struct stage *st, const struct opts *o, const float *Q, const float *K,
                              const float *V, float *O, float *L, struct result *r)
 {
@@ -175,36 +212,7 @@ extern "C" int gpu_run_stage(const struct stage *st, const struct opts *o, const
         problem_free(&g);
         return rc;
     }
-    for (int w = 1; w < o->warmup; w++) st->forward(&g.args, why, sizeof why);
-    LAUNCH_CHECK();
-
-    /* --flush-l2: overwrite a buffer twice the L2's size between timed runs, outside the events,
-     * so every run starts with its inputs in HBM rather than in L2 */
-    struct dbuf flush = dbuf_alloc(o->flush_l2 ? 2 * (size_t)info.l2_bytes : 0);
-    std::vector<cudaEvent_t> start(o->iters), stop(o->iters);
-    for (int it = 0; it < o->iters; it++) {
-        CUDA_CHECK(cudaEventCreate(&start[it]));
-        CUDA_CHECK(cudaEventCreate(&stop[it]));
-    }
-    for (int it = 0; it < o->iters; it++) {
-        if (flush.p) CUDA_CHECK(cudaMemsetAsync(flush.p, it & 0xff, flush.bytes));
-        CUDA_CHECK(cudaEventRecord(start[it]));
-        st->forward(&g.args, why, sizeof why);
-        CUDA_CHECK(cudaEventRecord(stop[it]));
-    }
-    LAUNCH_CHECK();
-    CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<double> t(o->iters);
-    for (int it = 0; it < o->iters; it++) {
-        float ms;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, start[it], stop[it]));
-        t[it] = ms;
-        CUDA_CHECK(cudaEventDestroy(start[it]));
-        CUDA_CHECK(cudaEventDestroy(stop[it]));
-    }
-    r->ms_median = median_min(t.data(), o->iters, &r->ms_min);
-    r->threads = 1;
-    dbuf_free(&flush);
+    timed_runs(st->forward, &g.args, o, &info, r);
 
     /* --counters: after the timed runs, the counting build once, into scratch host outputs (the
      * checked O and L above stay what the harness checks) */
@@ -218,5 +226,84 @@ extern "C" int gpu_run_stage(const struct stage *st, const struct opts *o, const
         r->counted = 1;
     }
     problem_free(&g);
+    return 0;
+}
+
+/* ---- the backward ---- */
+
+/* A forward problem plus dO and the three gradients. */
+struct gpu_bwd_problem {
+    struct gpu_problem f;
+    struct dbuf dO, dQ, dK, dV;
+};
+
+static void bwd_init(struct gpu_bwd_problem *g, const struct stage *st, const struct shape *sh, enum dtype dt,
+                     int deterministic, const float *Q, const float *K, const float *V, const float *dO)
+{
+    size_t n = shape_elems(sh);
+    problem_init(&g->f, st, sh, dt, Q, K, V);
+    g->dO = upload(dO, n, dt);
+    g->dQ = dbuf_alloc(n * dtype_size(dt));
+    g->dK = dbuf_alloc(n * dtype_size(dt));
+    g->dV = dbuf_alloc(n * dtype_size(dt));
+    g->f.args.dO = g->dO.p;
+    g->f.args.dQ = g->dQ.p, g->f.args.dK = g->dK.p, g->f.args.dV = g->dV.p;
+    g->f.args.deterministic = deterministic;
+}
+
+static void bwd_free(struct gpu_bwd_problem *g)
+{
+    struct dbuf *all[] = {&g->dO, &g->dQ, &g->dK, &g->dV};
+    for (struct dbuf *b : all) dbuf_free(b);
+    problem_free(&g->f);
+}
+
+/* The stage's forward once (O and L for the backward), then the backward on poisoned gradients,
+ * and the gradients back to the host. */
+static int bwd_checked_run(const struct stage *st, struct gpu_bwd_problem *g, float *dQ, float *dK, float *dV,
+                           char *why, size_t n)
+{
+    if (st->forward(&g->f.args, why, n)) return EXIT_USAGE;
+    struct dbuf *grads[3] = {&g->dQ, &g->dK, &g->dV};
+    for (struct dbuf *b : grads) CUDA_CHECK(cudaMemset(b->p, 0xff, b->bytes));
+    if (st->backward(&g->f.args, why, n)) return EXIT_USAGE;
+    CUDA_CHECK(cudaDeviceSynchronize());
+    size_t elems = shape_elems(&g->f.args.sh);
+    download(dQ, &g->dQ, elems, g->f.args.dtype);
+    download(dK, &g->dK, elems, g->f.args.dtype);
+    download(dV, &g->dV, elems, g->f.args.dtype);
+    return 0;
+}
+
+extern "C" int gpu_backward_host(const struct stage *st, const struct shape *sh, enum dtype dt, int deterministic,
+                                 const float *Q, const float *K, const float *V, const float *dO, float *dQ,
+                                 float *dK, float *dV, char *why, size_t n)
+{
+    if (gpu_available(why, n)) return EXIT_NO_DEVICE;
+    struct gpu_bwd_problem g;
+    bwd_init(&g, st, sh, dt, deterministic, Q, K, V, dO);
+    int rc = bwd_checked_run(st, &g, dQ, dK, dV, why, n);
+    bwd_free(&g);
+    return rc;
+}
+
+extern "C" int gpu_run_backward(const struct stage *st, const struct opts *o, const float *Q, const float *K,
+                                const float *V, const float *dO, float *dQ, float *dK, float *dV, struct result *r)
+{
+    char why[512];
+    struct gpu_info info = gpu_query();
+    snprintf(r->gpu, sizeof r->gpu, "%s", info.slug);
+    snprintf(r->device_name, sizeof r->device_name, "%s", info.name);
+    struct gpu_bwd_problem g;
+    bwd_init(&g, st, &o->sh, o->dtype, o->deterministic, Q, K, V, dO);
+    r->extra_bytes = g.f.work.bytes;
+    int rc = bwd_checked_run(st, &g, dQ, dK, dV, why, sizeof why); /* also the first warm-up */
+    if (rc) {
+        fprintf(stderr, "%s\n", why);
+        bwd_free(&g);
+        return rc;
+    }
+    timed_runs(st->backward, &g.f.args, o, &info, r);
+    bwd_free(&g);
     return 0;
 }

@@ -1,0 +1,579 @@
+/* 09_backward.cu: FlashAttention-2 backward (FA-2 paper, section 3.2 and Algorithm 2)
+ *
+ * New in stage 9: the gradients dQ, dK, dV of the loss sum(dO * O), from Q, K, V, dO and what
+ *   stage 8's forward leaves behind: O and the row logsumexp L. Three kernels:
+ *   1. stage9_preprocess_kernel: per query row D_i = rowsum(dO_i * O_i) and L_i in log2 units
+ *      (and the fp32 dQ accumulator zeroed);
+ *   2. stage9_dkdv_kernel, parallel over K/V tiles (grid = K/V tiles x batch*heads): a block keeps
+ *      its K_j, V_j and their gradients dK_j, dV_j on chip and sweeps the Q tiles:
+ *        S_ij = scale Q_i K_j^T,  P_ij = exp(S_ij - L_i)       recomputed, never stored
+ *        dV_j += P_ij^T dO_i,  dP_ij = dO_i V_j^T,  dS_ij = P_ij * (dP_ij - D_i)
+ *        dK_j += scale dS_ij^T Q_i,  dQ_i += scale dS_ij K_j   (fp32 atomics into HBM)
+ *   3. stage9_convert_kernel: dQ from the fp32 accumulator to the input dtype.
+ *   With --deterministic the dK/dV kernel skips dQ and stage9_dq_kernel computes it instead,
+ *   parallel over Q tiles with dQ_i in registers: no atomics, the same bits on every run, at the
+ *   price of recomputing S and dP once more.
+ * Why this shape: dK_j and dV_j sum over every query, dQ_i over every key; a block can own one of
+ *   the two sums and must share the other. FA-2 owns dK, dV (two accumulators on chip) and adds
+ *   dQ into HBM. P is recomputed from Q, K and L rather than stored: storing it is N^2 per head,
+ *   the very memory FlashAttention exists to avoid.
+ * The engineering is stage 8's (swizzled tiles, cp.async, exp2 with the scale folded in), plus:
+ *   the next Q_i, dO_i, L_i, D_i are copied in while this one computes (double buffer); a block
+ *   owns 128 keys so every dQ row gets half as many atomic adds as with 64; each add is a float2
+ *   (sm_90: one atomic for two columns).
+ * Measured on H200: see notes/09_backward.md.
+ * Run: ./stage9 --seqlen 4096 --dim 64 --causal  (add --deterministic for the atomic-free dQ)
+ */
+#include "common/attn.h"
+#include "common/cuda/cuda_check.h"
+#include "common/cuda/launch.cuh"
+#include "common/cuda/mma.cuh"
+
+#include <algorithm>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdio.h>
+
+/* ---- configuration ---- */
+
+#define LOG2E 1.4426950408889634f /* exp(x) = exp2(x * LOG2E) */
+#define WARP_SIZE 32
+#define FULL_MASK 0xffffffffu
+
+/* The dK/dV kernel: KV_WARPS warps, each owning 16 of the block's Bc keys (dK and dV of its 16
+ * keys in registers: 2 x 16 x D fp32, D registers per thread), sweeping Q in tiles of Br queries.
+ * For dQ_i += dS K_j the same warps split the Q tile instead: 16 queries and half of D each. */
+static constexpr int KV_WARPS = 8, KV_THREADS = KV_WARPS * WARP_SIZE;
+static constexpr int Bc = KV_WARPS * 16, Br = 64;
+static_assert(KV_WARPS == 2 * (Br / 16), "dQ: each warp takes 16 queries and half of the head dim");
+
+/* The dQ kernel (--deterministic): DQ_WARPS warps of 16 queries (a Q tile of DQ_Br), sweeping K/V
+ * in tiles of DQ_Bc keys. */
+static constexpr int DQ_WARPS = 4, DQ_THREADS = DQ_WARPS * WARP_SIZE;
+static constexpr int DQ_Br = DQ_WARPS * 16, DQ_Bc = 64;
+
+/* Shared memory of the dK/dV kernel: K_j, V_j [Bc][D]; Q_i, dO_i [2][Br][D] (double-buffered);
+ * dS [Bc][Br] (the keys' rows of dS^T); L_i, D_i [2][Br]. Tiles are swizzled (below). */
+template <int D>
+struct stage9_kv_smem {
+    static constexpr size_t K_j = 0;
+    static constexpr size_t V_j = K_j + 2 * (size_t)Bc * D;
+    static constexpr size_t Q_i = V_j + 2 * (size_t)Bc * D;
+    static constexpr size_t dO_i = Q_i + 2 * 2 * (size_t)Br * D;
+    static constexpr size_t dS = dO_i + 2 * 2 * (size_t)Br * D;
+    static constexpr size_t L_i = dS + 2 * (size_t)Bc * Br;
+    static constexpr size_t D_i = L_i + sizeof(float) * 2 * Br;
+    static constexpr size_t bytes = D_i + sizeof(float) * 2 * Br;
+    static_assert(D % 64 == 0 && Br % 64 == 0, "the swizzle below needs rows of 8 or more 16-byte chunks");
+};
+/* ... and of the dQ kernel: Q_i, dO_i [DQ_Br][D], K_j, V_j [DQ_Bc][D]. */
+template <int D>
+struct stage9_q_smem {
+    static constexpr size_t Q_i = 0;
+    static constexpr size_t dO_i = Q_i + 2 * (size_t)DQ_Br * D;
+    static constexpr size_t K_j = dO_i + 2 * (size_t)DQ_Br * D;
+    static constexpr size_t V_j = K_j + 2 * (size_t)DQ_Bc * D;
+    static constexpr size_t bytes = V_j + 2 * (size_t)DQ_Bc * D;
+};
+
+/* ---- kernels ---- */
+
+/* Stage 8's swizzle (see there): logical 16-byte chunk c of row r stored at chunk c ^ (r mod 8),
+ * so the 8 rows an ldmatrix reads fall in 8 different bank groups. Element offset; W is the
+ * row's width in elements. */
+template <int W>
+static __device__ __forceinline__ int stage9_swz(int row, int chunk)
+{
+    return row * W + ((chunk ^ (row & 7)) << 3);
+}
+
+/* Rows row0 .. row0+ROWS-1 of one head's [N, D] matrix into a swizzled tile, by the block's
+ * THREADS threads; rows past N are zero. */
+template <typename T, int D, int ROWS, int THREADS>
+static __device__ __forceinline__ void stage9_load_tile(__half *tile, const T *src, int row0, int N)
+{
+    constexpr int CHUNKS = D / 8;
+    for (int c = threadIdx.x; c < ROWS * CHUNKS; c += THREADS) {
+        const int r = c / CHUNKS, chunk = c % CHUNKS;
+        const bool valid = row0 + r < N;
+        cp_async_16_zfill(tile + stage9_swz<D>(r, chunk), src + (size_t)(valid ? row0 + r : 0) * D + chunk * 8, valid);
+    }
+}
+
+/* ldmatrix fragments from a swizzled tile of row width W, with the lane patterns of mma.cuh:
+ *   A of rows r0 .. r0+15, columns k .. k+15 (non-transposed: the tile's rows are the A rows);
+ *   B of rows r0 .. r0+15 read as 16 columns n of B (the tile holds B^T: "K in S = Q K^T");
+ *   B^T: rows r0 .. r0+15 of the tile are the k rows of B, columns n .. n+15 ("V in P V");
+ *   A^T: rows r0 .. r0+15 of the tile are the k columns of A, columns m .. m+15 its rows. */
+template <int W>
+static __device__ __forceinline__ void stage9_frag_A(uint32_t f[4], const __half *tile, int r0, int k)
+{
+    const int lane = threadIdx.x % WARP_SIZE;
+    ldmatrix_x4(f, tile + stage9_swz<W>(r0 + (lane & 15), k / 8 + (lane >> 4)));
+}
+template <int W>
+static __device__ __forceinline__ void stage9_frag_Bt(uint32_t f[4], const __half *tile, int r0, int k)
+{
+    const int lane = threadIdx.x % WARP_SIZE;
+    ldmatrix_x4(f, tile + stage9_swz<W>(r0 + (lane & 7) + ((lane >> 4) << 3), k / 8 + ((lane >> 3) & 1)));
+}
+template <int W>
+static __device__ __forceinline__ void stage9_frag_B(uint32_t f[4], const __half *tile, int r0, int n)
+{
+    const int lane = threadIdx.x % WARP_SIZE;
+    ldmatrix_x4_trans(f, tile + stage9_swz<W>(r0 + (lane & 15), n / 8 + (lane >> 4)));
+}
+template <int W>
+static __device__ __forceinline__ void stage9_frag_At(uint32_t f[4], const __half *tile, int r0, int m)
+{
+    const int lane = threadIdx.x % WARP_SIZE;
+    ldmatrix_x4_trans(f, tile + stage9_swz<W>(r0 + (lane & 7) + ((lane >> 4) << 3), m / 8 + ((lane >> 3) & 1)));
+}
+
+/* Two n8 C tiles (16 x 16 fp32, this lane's 8 values) as one k16 A fragment in 16-bit. */
+template <typename T>
+static __device__ __forceinline__ void stage9_pack_A(uint32_t a[4], const float c0[4], const float c1[4])
+{
+    a[0] = mma16<T>::pack(c0[0], c0[1]);
+    a[1] = mma16<T>::pack(c0[2], c0[3]);
+    a[2] = mma16<T>::pack(c1[0], c1[1]);
+    a[3] = mma16<T>::pack(c1[2], c1[3]);
+}
+
+/* dst[0] += a, dst[1] += b in global memory (8-byte aligned): one float2 atomic on sm_90 and
+ * later, two float atomics before. */
+static __device__ __forceinline__ void stage9_atomic_add2(float *dst, float a, float b)
+{
+#if __CUDA_ARCH__ >= 900
+    atomicAdd((float2 *)dst, make_float2(a, b));
+#else
+    atomicAdd(dst, a);
+    atomicAdd(dst + 1, b);
+#endif
+}
+
+/* Per query row: D_i = rowsum(dO_i * O_i) in fp32 and L_i * log2(e); the row's fp32 dQ
+ * accumulator zeroed. D / 8 threads per row, 16 bytes of O and dO each, so the loads are whole
+ * 128-byte lines: this kernel and the convert below only stream memory, and at N = 1024 they are
+ * several per cent of the backward. */
+static constexpr int PRE_THREADS = 256;
+template <typename T, int D>
+static __global__ void __launch_bounds__(PRE_THREADS)
+stage9_preprocess_kernel(const T *__restrict__ O, const T *__restrict__ dO, const float *__restrict__ L,
+                         float *__restrict__ Dsum, float *__restrict__ L2, float *__restrict__ dQ_acc, size_t rows)
+{
+    constexpr int TPR = D / 8; /* threads per row; a power of 2 that divides 32, so a row's threads share a warp */
+    const size_t row = (size_t)blockIdx.x * (PRE_THREADS / TPR) + threadIdx.x / TPR;
+    const int c = (threadIdx.x % TPR) * 8;
+    const bool valid = row < rows; /* no early return: every lane takes part in the shuffles */
+    float acc = 0.f;
+    if (valid) {
+        const uint4 o = *(const uint4 *)(O + row * D + c), g = *(const uint4 *)(dO + row * D + c);
+        const T *op = (const T *)&o, *gp = (const T *)&g;
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc += (float)op[e] * (float)gp[e];
+        if (dQ_acc) {
+            float4 *z = (float4 *)(dQ_acc + row * D + c);
+            z[0] = z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+    }
+#pragma unroll
+    for (int s = TPR / 2; s > 0; s >>= 1) acc += __shfl_xor_sync(FULL_MASK, acc, s);
+    if (valid && threadIdx.x % TPR == 0) {
+        Dsum[row] = acc;
+        L2[row] = L[row] * LOG2E;
+    }
+}
+
+/* dK_j, dV_j for one K/V tile (and, unless deterministic, this tile's share of dQ). */
+template <typename T, int D>
+static __global__ void __launch_bounds__(KV_THREADS)
+stage9_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__restrict__ V,
+                   const T *__restrict__ dO, const float *__restrict__ L2, const float *__restrict__ Dsum,
+                   T *__restrict__ dK, T *__restrict__ dV, float *__restrict__ dQ_acc, int N, int causal,
+                   float scale, int with_dq)
+{
+    typedef stage9_kv_smem<D> SM;
+    typedef mma16<T> M;
+    extern __shared__ __align__(128) unsigned char smem[];
+    /* the tiles hold T; ldmatrix only moves 16-bit patterns, so they are addressed as __half */
+    __half *K_j = (__half *)(smem + SM::K_j), *V_j = (__half *)(smem + SM::V_j);
+    __half *Q_buf = (__half *)(smem + SM::Q_i), *dO_buf = (__half *)(smem + SM::dO_i); /* [2][Br][D] */
+    __half *dS_s = (__half *)(smem + SM::dS);
+    float *L_buf = (float *)(smem + SM::L_i), *D_buf = (float *)(smem + SM::D_i);     /* [2][Br] */
+
+    const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
+    const int g = lane >> 2, t = lane & 3;
+    const int j = blockIdx.x;                      /* this block's K/V tile */
+    const size_t bh = blockIdx.y, head = bh * N * D;
+    const int key_w = warp * 16;                   /* this warp's keys within K_j (dK, dV rows) */
+    const int q_w = (warp % (Br / 16)) * 16;       /* for dQ: this warp's 16 queries within Q_i ... */
+    const int n_w = (warp / (Br / 16)) * (D / 2);  /* ... and its half of the head dim */
+    const float scale_log2 = scale * LOG2E;
+    const int Tr = CEIL_DIV(N, Br);
+    /* causal: Q tiles wholly above the diagonal (every query before every key of K_j) see none of it */
+    const int i_first = causal ? (j * Bc) / Br : 0;
+
+    /* Q tile i into buffer b: Q_i and dO_i rows, and L_i, D_i, all by cp.async. Rows past N read as
+     * zeros: Q = dO = 0 and L = D = 0 there give P = 1 but dP = 0, so dS = 0, and dO = 0 adds
+     * nothing to dV: such a query contributes nothing, and its dQ row is never written. */
+    auto load_q_tile = [&](int i, int b) {
+        stage9_load_tile<T, D, Br, KV_THREADS>(Q_buf + b * Br * D, Q + head, i * Br, N);
+        stage9_load_tile<T, D, Br, KV_THREADS>(dO_buf + b * Br * D, dO + head, i * Br, N);
+        if (tid < 2 * Br) {
+            const int r = tid % Br, q = i * Br + r;
+            const float *src = (tid < Br ? L2 : Dsum) + bh * N + (q < N ? q : 0);
+            cp_async_4_zfill((tid < Br ? L_buf : D_buf) + b * Br + r, src, q < N);
+        }
+    };
+
+    stage9_load_tile<T, D, Bc, KV_THREADS>(K_j, K + head, j * Bc, N);
+    stage9_load_tile<T, D, Bc, KV_THREADS>(V_j, V + head, j * Bc, N);
+    cp_async_commit();
+    load_q_tile(i_first, 0);
+    cp_async_commit();
+
+    /* A warp's own 16 rows of K_j and V_j are the A operand of S^T and dP^T at every step: at
+     * D = 64 they stay in registers (2 x D / 4 per thread) and save the sweep a tenth of its
+     * ldmatrix; at D = 128 they would not fit beside the accumulators and are read each step. */
+    constexpr bool KV_REGS = D <= 64;
+    uint32_t K_w[KV_REGS ? D / 16 : 1][4], V_w[KV_REGS ? D / 16 : 1][4];
+    if constexpr (KV_REGS) {
+        cp_async_wait<1>();
+        __syncthreads(); /* K_j, V_j in shared memory (the first Q tile may still be on its way) */
+#pragma unroll
+        for (int k = 0; k < D; k += 16) {
+            stage9_frag_A<D>(K_w[k / 16], K_j, key_w, k);
+            stage9_frag_A<D>(V_w[k / 16], V_j, key_w, k);
+        }
+    }
+
+    float dK_acc[D / 8][4] = {}, dV_acc[D / 8][4] = {}; /* this warp's 16 keys x D */
+
+    for (int i = i_first, b = 0; i < Tr; i++, b ^= 1) {
+        cp_async_wait<0>();
+        __syncthreads(); /* tile i in buffer b (K_j, V_j too on the first step); every warp is done
+                            with step i-1, so buffer b^1 and dS are free */
+        if (i + 1 < Tr) load_q_tile(i + 1, b ^ 1); /* arrives while this step computes */
+        cp_async_commit();
+        const __half *Q_i = Q_buf + b * Br * D, *dO_i = dO_buf + b * Br * D;
+        const float *L_i = L_buf + b * Br, *D_i = D_buf + b * Br;
+
+        /* S^T = K_w Q_i^T: this warp's 16 keys x Br queries (raw scores) */
+        float ST[Br / 8][4] = {};
+#pragma unroll
+        for (int k = 0; k < D; k += 16) {
+            uint32_t Kf[4];
+            if constexpr (KV_REGS) for (int r = 0; r < 4; r++) Kf[r] = K_w[k / 16][r];
+            else stage9_frag_A<D>(Kf, K_j, key_w, k);
+#pragma unroll
+            for (int qb = 0; qb < Br / 16; qb++) {
+                uint32_t Qf[4];
+                stage9_frag_Bt<D>(Qf, Q_i, qb * 16, k);
+                M::mma(ST[2 * qb], Kf, &Qf[0]);
+                M::mma(ST[2 * qb + 1], Kf, &Qf[2]);
+            }
+        }
+        /* P^T = exp2(scale log2e S^T - L log2e), 0 where masked (key past N; causal: key after
+         * query). C layout: ST[nt][c] is key key_w + g + 8 (c >> 1), query nt*8 + 2t + (c & 1). */
+        const bool need_mask = (j + 1) * Bc > N || (causal && (j + 1) * Bc - 1 > i * Br);
+#pragma unroll
+        for (int nt = 0; nt < Br / 8; nt++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int key = j * Bc + key_w + g + 8 * (c >> 1), ql = nt * 8 + 2 * t + (c & 1);
+                float p = exp2_approx(fmaf(ST[nt][c], scale_log2, -L_i[ql]));
+                if (need_mask && (key >= N || (causal && key > i * Br + ql))) p = 0.f;
+                ST[nt][c] = p;
+            }
+
+        /* dV_w += P^T dO_i */
+#pragma unroll
+        for (int qb = 0; qb < Br / 16; qb++) {
+            uint32_t Pa[4];
+            stage9_pack_A<T>(Pa, ST[2 * qb], ST[2 * qb + 1]);
+#pragma unroll
+            for (int n = 0; n < D; n += 16) {
+                uint32_t dOf[4];
+                stage9_frag_B<D>(dOf, dO_i, qb * 16, n);
+                M::mma(dV_acc[n / 8], Pa, &dOf[0]);
+                M::mma(dV_acc[n / 8 + 1], Pa, &dOf[2]);
+            }
+        }
+
+        /* dP^T = V_w dO_i^T, then dS^T = P^T * (dP^T - D) */
+        float dST[Br / 8][4] = {};
+#pragma unroll
+        for (int k = 0; k < D; k += 16) {
+            uint32_t Vf[4];
+            if constexpr (KV_REGS) for (int r = 0; r < 4; r++) Vf[r] = V_w[k / 16][r];
+            else stage9_frag_A<D>(Vf, V_j, key_w, k);
+#pragma unroll
+            for (int qb = 0; qb < Br / 16; qb++) {
+                uint32_t dOf[4];
+                stage9_frag_Bt<D>(dOf, dO_i, qb * 16, k);
+                M::mma(dST[2 * qb], Vf, &dOf[0]);
+                M::mma(dST[2 * qb + 1], Vf, &dOf[2]);
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < Br / 8; nt++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) dST[nt][c] = ST[nt][c] * (dST[nt][c] - D_i[nt * 8 + 2 * t + (c & 1)]);
+
+        /* dK_w += dS^T Q_i (scaled at the end) */
+#pragma unroll
+        for (int qb = 0; qb < Br / 16; qb++) {
+            uint32_t dSa[4];
+            stage9_pack_A<T>(dSa, dST[2 * qb], dST[2 * qb + 1]);
+#pragma unroll
+            for (int n = 0; n < D; n += 16) {
+                uint32_t Qf[4];
+                stage9_frag_B<D>(Qf, Q_i, qb * 16, n);
+                M::mma(dK_acc[n / 8], dSa, &Qf[0]);
+                M::mma(dK_acc[n / 8 + 1], dSa, &Qf[2]);
+            }
+        }
+
+        if (!with_dq) continue;
+        /* dQ_i += dS K_j: dS^T goes to shared memory (keys' rows, 16-bit); then each warp takes 16
+         * queries and half of D over all Bc keys, reading dS^T transposed, and adds its 16 x D/2
+         * into the fp32 accumulator in HBM (atomics: every K/V tile's block adds to the same rows). */
+#pragma unroll
+        for (int nt = 0; nt < Br / 8; nt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                *(uint32_t *)&dS_s[stage9_swz<Br>(key_w + g + 8 * h, nt) + 2 * t] =
+                    M::pack(dST[nt][2 * h], dST[nt][2 * h + 1]);
+        __syncthreads(); /* dS^T of all Bc keys in shared memory */
+        float dQ_part[D / 16][4] = {};
+#pragma unroll
+        for (int kb = 0; kb < Bc / 16; kb++) {
+            uint32_t dSa[4]; /* A = dS (queries x keys) = the stored dS^T, transposed */
+            stage9_frag_At<Br>(dSa, dS_s, kb * 16, q_w);
+#pragma unroll
+            for (int n = 0; n < D / 2; n += 16) {
+                uint32_t Kf[4];
+                stage9_frag_B<D>(Kf, K_j, kb * 16, n_w + n);
+                M::mma(dQ_part[n / 8], dSa, &Kf[0]);
+                M::mma(dQ_part[n / 8 + 1], dSa, &Kf[2]);
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int q = i * Br + q_w + g + 8 * h;
+            if (q >= N) continue;
+            float *dst = dQ_acc + head + (size_t)q * D + n_w + 2 * t;
+#pragma unroll
+            for (int nt = 0; nt < D / 16; nt++) stage9_atomic_add2(dst + nt * 8, dQ_part[nt][2 * h], dQ_part[nt][2 * h + 1]);
+        }
+        /* the next step writes dS^T only after its first barrier, which every warp reaches only
+         * after finishing these reads */
+    }
+
+    /* dK_j = scale dS^T Q, dV_j = P^T dO: this warp's 16 keys, to HBM in the input dtype */
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int key = j * Bc + key_w + g + 8 * h;
+        if (key >= N) continue;
+#pragma unroll
+        for (int nt = 0; nt < D / 8; nt++) {
+            const size_t at = head + (size_t)key * D + nt * 8 + 2 * t;
+            *(uint32_t *)&dK[at] = M::pack(scale * dK_acc[nt][2 * h], scale * dK_acc[nt][2 * h + 1]);
+            *(uint32_t *)&dV[at] = M::pack(dV_acc[nt][2 * h], dV_acc[nt][2 * h + 1]);
+        }
+    }
+}
+
+/* --deterministic: dQ_i for one Q tile, each warp its 16 rows, summed over the K/V tiles in order in
+ * registers. Recomputes S = Q K^T and dP = dO V^T (the dK/dV kernel's are gone by now). */
+template <typename T, int D>
+static __global__ void __launch_bounds__(DQ_THREADS)
+stage9_dq_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__restrict__ V,
+                 const T *__restrict__ dO, const float *__restrict__ L2, const float *__restrict__ Dsum,
+                 T *__restrict__ dQ, int N, int causal, float scale)
+{
+    typedef stage9_q_smem<D> SM;
+    typedef mma16<T> M;
+    extern __shared__ __align__(128) unsigned char smem[];
+    __half *Q_i = (__half *)(smem + SM::Q_i), *dO_i = (__half *)(smem + SM::dO_i);
+    __half *K_j = (__half *)(smem + SM::K_j), *V_j = (__half *)(smem + SM::V_j);
+
+    const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
+    const int g = lane >> 2, t = lane & 3;
+    const int i = blockIdx.x;
+    const size_t bh = blockIdx.y, head = bh * N * D;
+    const int q_w = warp * 16;
+    const float scale_log2 = scale * LOG2E;
+    const int Tc = CEIL_DIV(N, DQ_Bc);
+    const int j_end = causal ? min(Tc, (min((i + 1) * DQ_Br, N) - 1) / DQ_Bc + 1) : Tc;
+
+    stage9_load_tile<T, D, DQ_Br, DQ_THREADS>(Q_i, Q + head, i * DQ_Br, N);
+    stage9_load_tile<T, D, DQ_Br, DQ_THREADS>(dO_i, dO + head, i * DQ_Br, N);
+    /* this lane's two rows: L (log2 units) and D; a row past N has dO = 0, so its dS is 0 */
+    float L_r[2], D_r[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int q = i * DQ_Br + q_w + g + 8 * h;
+        L_r[h] = q < N ? L2[bh * N + q] : 0.f;
+        D_r[h] = q < N ? Dsum[bh * N + q] : 0.f;
+    }
+    float dQ_acc[D / 8][4] = {};
+
+    for (int j = 0; j < j_end; j++) {
+        __syncthreads(); /* every warp is done with K_{j-1}, V_{j-1} */
+        stage9_load_tile<T, D, DQ_Bc, DQ_THREADS>(K_j, K + head, j * DQ_Bc, N);
+        stage9_load_tile<T, D, DQ_Bc, DQ_THREADS>(V_j, V + head, j * DQ_Bc, N);
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads(); /* K_j, V_j (and Q_i, dO_i on the first step) in shared memory */
+
+        float S[DQ_Bc / 8][4] = {}, dP[DQ_Bc / 8][4] = {};
+#pragma unroll
+        for (int k = 0; k < D; k += 16) {
+            uint32_t Qf[4], dOf[4];
+            stage9_frag_A<D>(Qf, Q_i, q_w, k);
+            stage9_frag_A<D>(dOf, dO_i, q_w, k);
+#pragma unroll
+            for (int kb = 0; kb < DQ_Bc / 16; kb++) {
+                uint32_t Kf[4], Vf[4];
+                stage9_frag_Bt<D>(Kf, K_j, kb * 16, k);
+                stage9_frag_Bt<D>(Vf, V_j, kb * 16, k);
+                M::mma(S[2 * kb], Qf, &Kf[0]);
+                M::mma(S[2 * kb + 1], Qf, &Kf[2]);
+                M::mma(dP[2 * kb], dOf, &Vf[0]);
+                M::mma(dP[2 * kb + 1], dOf, &Vf[2]);
+            }
+        }
+        /* dS = P * (dP - D), P = exp2(scale log2e S - L log2e), masked to 0 */
+        const bool need_mask = (j + 1) * DQ_Bc > N || (causal && (j + 1) * DQ_Bc - 1 > i * DQ_Br);
+#pragma unroll
+        for (int nt = 0; nt < DQ_Bc / 8; nt++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int h = c >> 1, key = j * DQ_Bc + nt * 8 + 2 * t + (c & 1), q = i * DQ_Br + q_w + g + 8 * h;
+                float p = exp2_approx(fmaf(S[nt][c], scale_log2, -L_r[h]));
+                if (need_mask && (key >= N || (causal && key > q))) p = 0.f;
+                S[nt][c] = p * (dP[nt][c] - D_r[h]);
+            }
+        /* dQ_i += dS K_j */
+#pragma unroll
+        for (int kb = 0; kb < DQ_Bc / 16; kb++) {
+            uint32_t dSa[4];
+            stage9_pack_A<T>(dSa, S[2 * kb], S[2 * kb + 1]);
+#pragma unroll
+            for (int n = 0; n < D; n += 16) {
+                uint32_t Kf[4];
+                stage9_frag_B<D>(Kf, K_j, kb * 16, n);
+                M::mma(dQ_acc[n / 8], dSa, &Kf[0]);
+                M::mma(dQ_acc[n / 8 + 1], dSa, &Kf[2]);
+            }
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int q = i * DQ_Br + q_w + g + 8 * h;
+        if (q >= N) continue;
+#pragma unroll
+        for (int nt = 0; nt < D / 8; nt++)
+            *(uint32_t *)&dQ[head + (size_t)q * D + nt * 8 + 2 * t] =
+                M::pack(scale * dQ_acc[nt][2 * h], scale * dQ_acc[nt][2 * h + 1]);
+    }
+}
+
+/* dQ = scale * the fp32 accumulator, in the input dtype, 8 elements (two float4 in, 16 bytes out)
+ * per thread and step; n8 = elements / 8 (d is a multiple of 8). */
+template <typename T>
+static __global__ void stage9_convert_kernel(const float *__restrict__ dQ_acc, T *__restrict__ dQ, size_t n8, float scale)
+{
+    typedef mma16<T> M;
+    for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < n8; k += (size_t)gridDim.x * blockDim.x) {
+        const float4 a = ((const float4 *)dQ_acc)[2 * k], b = ((const float4 *)dQ_acc)[2 * k + 1];
+        ((uint4 *)dQ)[k] = make_uint4(M::pack(scale * a.x, scale * a.y), M::pack(scale * a.z, scale * a.w),
+                                      M::pack(scale * b.x, scale * b.y), M::pack(scale * b.z, scale * b.w));
+    }
+}
+
+/* ---- launcher ---- */
+
+/* The workspace: the fp32 dQ accumulator, then D and L * log2(e) (fp32, one each per row). */
+static size_t stage9_workspace_bytes(const struct shape *sh)
+{
+    return 2 * shape_rows(sh) * sizeof(float) + shape_elems(sh) * sizeof(float);
+}
+
+template <typename T, int D>
+static int stage9_launch(const struct attn_args *a, char *why, size_t n)
+{
+    const struct shape *sh = &a->sh;
+    const long long bh = (long long)sh->B * sh->H;
+    if (bh > 65535) {
+        snprintf(why, n, "stage9: batch * heads = %lld is more than a grid's y dimension holds (65535)", bh);
+        return 1;
+    }
+    const size_t kv_smem = stage9_kv_smem<D>::bytes, q_smem = stage9_q_smem<D>::bytes;
+    if (smem_optin(stage9_dkdv_kernel<T, D>, kv_smem, "stage9", D, why, n) ||
+        smem_optin(stage9_dq_kernel<T, D>, q_smem, "stage9", D, why, n))
+        return 1;
+
+    const size_t rows = shape_rows(sh), elems = shape_elems(sh);
+    float *dQ_acc = (float *)a->work, *Dsum = dQ_acc + elems, *L2 = Dsum + rows; /* dQ_acc first: 16-byte aligned */
+    const T *Q = (const T *)a->Q, *K = (const T *)a->K, *V = (const T *)a->V, *O = (const T *)a->O;
+    const T *dO = (const T *)a->dO;
+
+    stage9_preprocess_kernel<T, D><<<(unsigned)CEIL_DIV(rows, PRE_THREADS / (D / 8)), PRE_THREADS>>>(
+        O, dO, a->L, Dsum, L2, a->deterministic ? NULL : dQ_acc, rows);
+    CUDA_TRY(cudaGetLastError());
+    stage9_dkdv_kernel<T, D><<<dim3(CEIL_DIV(sh->N, Bc), (unsigned)bh), KV_THREADS, kv_smem>>>(
+        Q, K, V, dO, L2, Dsum, (T *)a->dK, (T *)a->dV, dQ_acc, sh->N, sh->causal, sh->scale, !a->deterministic);
+    CUDA_TRY(cudaGetLastError());
+    if (a->deterministic) {
+        stage9_dq_kernel<T, D><<<dim3(CEIL_DIV(sh->N, DQ_Br), (unsigned)bh), DQ_THREADS, q_smem>>>(
+            Q, K, V, dO, L2, Dsum, (T *)a->dQ, sh->N, sh->causal, sh->scale);
+    } else {
+        stage9_convert_kernel<T><<<(unsigned)std::min<size_t>(CEIL_DIV(elems / 8, 256), 65535), 256>>>(
+            dQ_acc, (T *)a->dQ, elems / 8, sh->scale);
+    }
+    CUDA_TRY(cudaGetLastError());
+    return 0;
+}
+
+template <typename T>
+static int stage9_dispatch(const struct attn_args *a, char *why, size_t n)
+{
+    if (a->sh.d == 64) return stage9_launch<T, 64>(a, why, n);
+    if (a->sh.d == 128) return stage9_launch<T, 128>(a, why, n);
+    snprintf(why, n, "stage9 supports head dim 64 or 128 (got d=%d)", a->sh.d);
+    return 1;
+}
+
+static int stage9_backward(const struct attn_args *a, char *why, size_t n)
+{
+    if (a->work == NULL) {
+        snprintf(why, n, "stage9 needs its workspace (D and the fp32 dQ accumulator) and got none");
+        return 1;
+    }
+    if (a->dtype == DT_F16) return stage9_dispatch<__half>(a, why, n);
+    if (a->dtype == DT_BF16) return stage9_dispatch<__nv_bfloat16>(a, why, n);
+    snprintf(why, n, "stage9 supports fp16 and bf16 (got %s)", dtype_name(a->dtype));
+    return 1;
+}
+
+/* The forward is stage 8's: O and L for the backward come from it. */
+extern "C" const struct stage stage8_desc;
+static int stage9_forward(const struct attn_args *a, char *why, size_t n) { return stage8_desc.forward(a, why, n); }
+
+extern "C" const struct stage stage9_desc = {
+    .name = "stage9",
+    .idea = "FA-2 backward: P recomputed from L, parallel over K/V tiles, dQ accumulated in fp32",
+    .device = ON_GPU,
+    .forward = stage9_forward,
+    .backward = stage9_backward,
+    .dims = {64, 128},
+    .dtypes = DT_F16 | DT_BF16,
+    .workspace_bytes = stage9_workspace_bytes,
+    .openmp = 0,
+    .hbm_traffic = NULL,
+    .measures_backward = 1,
+};

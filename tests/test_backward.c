@@ -1,0 +1,103 @@
+/* test_backward.c: the stages that measure a backward (stage 9), on the GPU.
+ *
+ * backward::vs_reference  dQ, dK, dV over a grid of N (tails, N = 1), d, causal, fp16 and bf16,
+ *                         with and without --deterministic: check_backward's rule (common/check.c,
+ *                         tol_grad) against stage 1's backward or, for the larger shapes, the fp64
+ *                         oracle on two whole heads.
+ * backward::deterministic two runs with --deterministic give dQ, dK, dV with identical bits.
+ * Cases skip with a one-line reason where there is no CUDA device.
+ */
+#include "common_test.h"
+#include <stdlib.h>
+#include <string.h>
+
+static const int test_bwd_grid_N[] = {1, 2, 17, 64, 100, 257, 1000};
+static const int test_bwd_grid_d[] = {64, 128};
+static const enum dtype test_bwd_dtypes[] = {DT_F16, DT_BF16};
+
+/* One backward case: test_case plus --deterministic. */
+struct test_bwd_case {
+    struct test_case tc;
+    int deterministic;
+};
+
+/* Q, K, V and dO for a shape, seeded like the harness's (dO from a fourth stream). */
+static void test_bwd_inputs(const struct shape *sh, enum dtype dt, float **Q, float **K, float **V, float **dO)
+{
+    size_t n = shape_elems(sh);
+    *Q = test_floats(n), *K = test_floats(n), *V = test_floats(n), *dO = test_floats(n);
+    make_inputs(sh, test_seed(sh), 1.0f, dt, *Q, *K, *V);
+    fill_uniform(*dO, n, test_seed(sh) * 3 + 3, 1.0f, dt);
+}
+
+ParameterizedTestParameters(backward, vs_reference)
+{
+    size_t max = (size_t)n_all_stages * TEST_COUNT(test_bwd_dtypes) * TEST_COUNT(test_bwd_grid_N) *
+                 TEST_COUNT(test_bwd_grid_d) * 2 * 2;
+    struct test_bwd_case *p = cr_malloc(max * sizeof *p);
+    size_t count = 0;
+    char why[256];
+    for (int s = 0; s < n_all_stages; s++) {
+        if (!all_stages[s]->measures_backward) continue;
+        for (size_t t = 0; t < TEST_COUNT(test_bwd_dtypes); t++)
+            for (size_t ni = 0; ni < TEST_COUNT(test_bwd_grid_N); ni++)
+                for (size_t di = 0; di < TEST_COUNT(test_bwd_grid_d); di++)
+                    for (int causal = 0; causal <= 1; causal++)
+                        for (int det = 0; det <= 1; det++) {
+                            struct shape sh = test_shape(2, 3, test_bwd_grid_N[ni], test_bwd_grid_d[di], causal);
+                            if (!stage_supports(all_stages[s], &sh, test_bwd_dtypes[t], why, sizeof why)) continue;
+                            p[count++] = (struct test_bwd_case){
+                                .tc = {.stage = s, .sh = sh, .dtype = test_bwd_dtypes[t], .amplitude = 1.0f},
+                                .deterministic = det};
+                        }
+    }
+    return cr_make_param_array(struct test_bwd_case, p, count, test_free_params);
+}
+
+ParameterizedTest(struct test_bwd_case *c, backward, vs_reference)
+{
+    const struct stage *st = all_stages[c->tc.stage];
+    const struct shape *sh = &c->tc.sh;
+    char label[160], why[256];
+    test_label(&c->tc, label, sizeof label);
+    test_require_gpu();
+    size_t n = shape_elems(sh);
+    float *Q, *K, *V, *dO, *g[3] = {test_floats(n), test_floats(n), test_floats(n)};
+    test_bwd_inputs(sh, c->tc.dtype, &Q, &K, &V, &dO);
+    int rc = gpu_backward_host(st, sh, c->tc.dtype, c->deterministic, Q, K, V, dO, g[0], g[1], g[2], why, sizeof why);
+    cr_assert(rc == 0, "%s%s: the backward failed (code %d): %s", label, c->deterministic ? " deterministic" : "", rc, why);
+    double err;
+    cr_assert(check_backward(sh, c->tc.dtype, Q, K, V, dO, g[0], g[1], g[2], &err, stderr),
+              "%s%s: dQ, dK or dV fails the check (the FAIL lines above name the worst element)", label,
+              c->deterministic ? " deterministic" : "");
+    free(Q), free(K), free(V), free(dO);
+    for (int t = 0; t < 3; t++) free(g[t]);
+}
+
+Test(backward, deterministic)
+{
+    test_require_gpu();
+    for (int s = 0; s < n_all_stages; s++) {
+        const struct stage *st = all_stages[s];
+        if (!st->measures_backward) continue;
+        for (int causal = 0; causal <= 1; causal++) {
+            struct shape sh = test_shape(2, 3, 1000, 64, causal);
+            size_t n = shape_elems(&sh);
+            float *Q, *K, *V, *dO, *g[2][3];
+            test_bwd_inputs(&sh, DT_F16, &Q, &K, &V, &dO);
+            char why[256];
+            for (int run = 0; run < 2; run++) {
+                for (int t = 0; t < 3; t++) g[run][t] = test_floats(n);
+                int rc = gpu_backward_host(st, &sh, DT_F16, 1, Q, K, V, dO, g[run][0], g[run][1], g[run][2], why, sizeof why);
+                cr_assert(rc == 0, "%s: the deterministic backward failed: %s", st->name, why);
+            }
+            static const char *names[3] = {"dQ", "dK", "dV"};
+            for (int t = 0; t < 3; t++)
+                cr_assert(!memcmp(g[0][t], g[1][t], n * sizeof(float)),
+                          "%s causal=%d: two --deterministic runs gave different bits in %s", st->name, causal, names[t]);
+            free(Q), free(K), free(V), free(dO);
+            for (int run = 0; run < 2; run++)
+                for (int t = 0; t < 3; t++) free(g[run][t]);
+        }
+    }
+}
