@@ -38,6 +38,18 @@ ccsv="$here/data/cpu.csv"
 [ -r "$ccsv" ] || ccsv=/dev/null
 
 table=$(awk -F, -v N="$n" -v D="$d" -v gpu="$gpu" -v gfile="$(basename "$gcsv")" '
+  # stage s over the grid points in t (TFLOP/s by stage, d, causal, N) against torch-flash in the
+  # same run (fl, by d, causal, N, run): sets nm (points), lsum (sum of log ratios), lo and hi
+  function grid_ratio(s, t, run, fl,    sk, f, fk, q) {
+    nm = 0; lsum = 0; lo = 1e9; hi = 0
+    for (sk in t) {
+      split(sk, f, FS); if (f[1] != s) continue
+      fk = f[2] FS f[3] FS f[4] FS run[sk]
+      if (!(fk in fl)) continue
+      q = t[sk] / fl[fk]; nm++; lsum += log(q); if (q < lo) lo = q; if (q > hi) hi = q
+    }
+    return nm
+  }
   FILENAME ~ /labels\.csv$/ { if (FNR > 1) label[$1] = substr($0, length($1) + 2); next }
   FNR == 1 { next }
   # CPU rows: one (batch, head); GFLOP/s from the time (4 N^2 d FLOPs per head)
@@ -109,27 +121,12 @@ table=$(awk -F, -v N="$n" -v D="$d" -v gpu="$gpu" -v gfile="$(basename "$gcsv")"
     print "."
     if (dagger) print "- † the two stages come from different runs: the ratio of their ratios to torch-flash, each measured in its own run."
     # the last forward stage against FlashAttention-2 over the grid (N >= 1024)
-    nm = 0; lsum = 0; lo = 1e9; hi = 0
-    for (sk in gtf) {
-      split(sk, f, FS); if (f[1] != last) continue
-      fk = f[2] FS f[3] FS f[4] FS grun[sk]
-      if (!(fk in gfl)) continue
-      q = gtf[sk] / gfl[fk]; nm++; lsum += log(q); if (q < lo) lo = q; if (q > hi) hi = q
-    }
-    if (nm > 0)
+    if (grid_ratio(last, gtf, grun, gfl) > 0)
       printf "- Over the grid'"'"'s %d points with N ≥ 1024 (d = 64 and 128, causal and not), stage %s runs at %.2f to %.2f times FlashAttention-2'"'"'s speed, geometric mean %.2f (each point against torch-flash in its own run).\n", nm, substr(last, 6), lo, hi, exp(lsum / nm)
     # each backward stage against FlashAttention-2 backward over the grid (N >= 1024)
-    for (i = 4; i <= 99; i++) {
-      s = "stage" i; nm = 0; lsum = 0; lo = 1e9; hi = 0
-      for (sk in btf) {
-        split(sk, f, FS); if (f[1] != s) continue
-        fk = f[2] FS f[3] FS f[4] FS brun[sk]
-        if (!(fk in bfl)) continue
-        q = btf[sk] / bfl[fk]; nm++; lsum += log(q); if (q < lo) lo = q; if (q > hi) hi = q
-      }
-      if (nm > 0)
+    for (i = 4; i <= 99; i++)
+      if (grid_ratio("stage" i, btf, brun, bfl) > 0)
         printf "- Backward, over the same %d points: stage %d runs at %.2f to %.2f times FlashAttention-2'"'"'s backward, geometric mean %.2f.\n", nm, i, lo, hi, exp(lsum / nm)
-    }
   }' "$here/labels.csv" "$ccsv" "$gcsv")
 
 if [ -z "$splice" ]; then
