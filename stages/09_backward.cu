@@ -390,25 +390,34 @@ stage9_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__
  * backward), for D = 128. The kernel above gives each warp 16 keys against the whole Q tile, so
  * every Q or dO fragment it loads feeds two mma: 1.74 mma per ldmatrix.x4 at D = 128, and shared
  * memory is the limit. Here each step has three phases, each with its own warp layout:
- *   A. S^T, dP^T, P^T, dS^T: warps 4 (32 keys) x 2 (32 queries); per k16 four loads feed 8 mma;
- *      P^T and dS^T go to shared memory (16-bit);
+ *   A. S^T, dP^T, P^T, dS^T: warps 4 (32 keys) x 2 (half the Q tile); at D = 128 (Q tiles of 64)
+ *      per k16 four loads feed 8 mma; P^T and dS^T go to shared memory (16-bit);
  *   B. dV += P^T dO, dK += dS^T Q: warps 4 (32 keys) x 2 (D/2 columns), A from shared memory;
  *      per k16 of queries 2 + 2 + D/16 + D/16 loads feed 2 x D/8 mma;
- *   C. dQ += dS K: warps 2 (32 queries) x 4 (D/4 columns), as before through fp32 atomics.
- * 144 loads per 320 mma at D = 128 (2.2), at the price of writing P^T once more. */
+ *   C. dQ += dS K: warps (32 queries) x (32 columns), as before through fp32 atomics.
+ * 144 loads per 320 mma at D = 128 (2.2), at the price of writing P^T once more. At D = 64 the
+ * Q tile is 128 queries (FA-2's choice there), 2.2 as well, against 1.8 for the kernel above. */
+template <int D>
+struct stage9_2d_cfg;
+template <>
+struct stage9_2d_cfg<64> { static constexpr int BR = 128; }; /* FA-2's d = 64 tile: 128 queries x 128 keys */
+template <>
+struct stage9_2d_cfg<128> { static constexpr int BR = 64; }; /* FA-2's d = 128 tile: 64 queries x 128 keys */
+
 template <int D>
 struct stage9_kv2d_smem {
+    static constexpr int BR = stage9_2d_cfg<D>::BR;
     static constexpr size_t K_j = 0;
     static constexpr size_t V_j = K_j + 2 * (size_t)Bc * D;
     static constexpr size_t Q_i = V_j + 2 * (size_t)Bc * D;
-    static constexpr size_t dO_i = Q_i + 2 * 2 * (size_t)Br * D;
-    static constexpr size_t PT = dO_i + 2 * 2 * (size_t)Br * D;
-    static constexpr size_t dST = PT + 2 * (size_t)Bc * Br;
-    static constexpr size_t L_i = dST + 2 * (size_t)Bc * Br;
-    static constexpr size_t D_i = L_i + sizeof(float) * 2 * Br;
-    static constexpr size_t bytes = D_i + sizeof(float) * 2 * Br;
+    static constexpr size_t dO_i = Q_i + 2 * 2 * (size_t)BR * D;
+    static constexpr size_t PT = dO_i + 2 * 2 * (size_t)BR * D;
+    static constexpr size_t dST = PT + 2 * (size_t)Bc * BR;
+    static constexpr size_t L_i = dST + 2 * (size_t)Bc * BR;
+    static constexpr size_t D_i = L_i + sizeof(float) * 2 * BR;
+    static constexpr size_t bytes = D_i + sizeof(float) * 2 * BR;
 };
-static_assert(KV_WARPS == 8 && Bc == 128 && Br == 64, "the 2D layout below is written for 8 warps, 128 x 64");
+static_assert(KV_WARPS == 8 && Bc == 128, "the 2D layout below is written for 8 warps and 128 keys");
 
 template <typename T, int D>
 static __global__ void __launch_bounds__(KV_THREADS)
@@ -419,32 +428,34 @@ stage9_dkdv2d_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
 {
     typedef stage9_kv2d_smem<D> SM;
     typedef mma16<T> M;
+    constexpr int BR = SM::BR;                     /* queries per Q tile */
+    constexpr int QG = BR / 32, CW = D * QG / 8;   /* phase C: query groups of 32, columns per warp */
     extern __shared__ __align__(128) unsigned char smem[];
     __half *K_j = (__half *)(smem + SM::K_j), *V_j = (__half *)(smem + SM::V_j);
-    __half *Q_buf = (__half *)(smem + SM::Q_i), *dO_buf = (__half *)(smem + SM::dO_i); /* [2][Br][D] */
-    __half *PT_s = (__half *)(smem + SM::PT), *dST_s = (__half *)(smem + SM::dST);     /* [Bc][Br] */
-    float *L_buf = (float *)(smem + SM::L_i), *D_buf = (float *)(smem + SM::D_i);     /* [2][Br] */
+    __half *Q_buf = (__half *)(smem + SM::Q_i), *dO_buf = (__half *)(smem + SM::dO_i); /* [2][BR][D] */
+    __half *PT_s = (__half *)(smem + SM::PT), *dST_s = (__half *)(smem + SM::dST);     /* [Bc][BR] */
+    float *L_buf = (float *)(smem + SM::L_i), *D_buf = (float *)(smem + SM::D_i);     /* [2][BR] */
 
     const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
     const int g = lane >> 2, t = lane & 3;
     const int j = blockIdx.x;
     const size_t bh = blockIdx.y, head = bh * N * D;
-    /* phase A: 32 keys x 32 queries; phase B: 32 keys x D/2 columns; phase C: 32 queries x D/4 */
-    const int keyA = (warp % 4) * 32, qA = (warp / 4) * 32;
+    /* phase A: 32 keys x BR/2 queries; phase B: 32 keys x D/2 columns; phase C: 32 queries x CW */
+    const int keyA = (warp % 4) * 32, qA = (warp / 4) * (BR / 2);
     const int keyB = (warp % 4) * 32, colB = (warp / 4) * (D / 2);
-    const int qC = (warp % 2) * 32, colC = (warp / 2) * (D / 4);
+    const int qC = (warp % QG) * 32, colC = (warp / QG) * CW;
     const float scale_log2 = scale * LOG2E;
-    const int Tr = CEIL_DIV(N, Br);
-    const int i_first = causal ? (j * Bc) / Br : 0;
+    const int Tr = CEIL_DIV(N, BR);
+    const int i_first = causal ? (j * Bc) / BR : 0;
 
     /* as in stage9_dkdv_kernel: rows past N read as zeros and contribute nothing */
     auto load_q_tile = [&](int i, int b) {
-        stage9_load_tile<T, D, Br, KV_THREADS>(Q_buf + b * Br * D, Q + head, i * Br, N);
-        stage9_load_tile<T, D, Br, KV_THREADS>(dO_buf + b * Br * D, dO + head, i * Br, N);
-        if (tid < 2 * Br) {
-            const int r = tid % Br, q = i * Br + r;
-            const float *src = (tid < Br ? L2 : Dsum) + bh * N + (q < N ? q : 0);
-            cp_async_4_zfill((tid < Br ? L_buf : D_buf) + b * Br + r, src, q < N);
+        stage9_load_tile<T, D, BR, KV_THREADS>(Q_buf + b * BR * D, Q + head, i * BR, N);
+        stage9_load_tile<T, D, BR, KV_THREADS>(dO_buf + b * BR * D, dO + head, i * BR, N);
+        if (tid < 2 * BR) {
+            const int r = tid % BR, q = i * BR + r;
+            const float *src = (tid < BR ? L2 : Dsum) + bh * N + (q < N ? q : 0);
+            cp_async_4_zfill((tid < BR ? L_buf : D_buf) + b * BR + r, src, q < N);
         }
     };
 
@@ -460,21 +471,22 @@ stage9_dkdv2d_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
         __syncthreads(); /* tile i in buffer b; every warp is done with step i-1 (buffer b^1, P^T, dS^T free) */
         if (i + 1 < Tr) load_q_tile(i + 1, b ^ 1);
         cp_async_commit();
-        const __half *Q_i = Q_buf + b * Br * D, *dO_i = dO_buf + b * Br * D;
-        const float *L_i = L_buf + b * Br, *D_i = D_buf + b * Br;
+        const __half *Q_i = Q_buf + b * BR * D, *dO_i = dO_buf + b * BR * D;
+        const float *L_i = L_buf + b * BR, *D_i = D_buf + b * BR;
 
         /* A. S^T = K Q_i^T, then dP^T = V dO_i^T, for 32 keys x 32 queries (one product at a
-         * time: their fragments need not be live together; the k loop unrolled by 4, not 8,
-         * which is what keeps ptxas from spilling at D = 128) */
-        float ST[2][4][4] = {}, dPT[2][4][4] = {};
-        auto product = [&](float C[2][4][4], const __half *A_tile, const __half *B_tile) {
-#pragma unroll 4
+         * time: their fragments need not be live together; the k loop only partly unrolled,
+         * which is what keeps ptxas from spilling: none at D = 128, 28 bytes at D = 64) */
+        float ST[2][BR / 16][4] = {}, dPT[2][BR / 16][4] = {};
+        auto product = [&](float C[2][BR / 16][4], const __half *A_tile, const __half *B_tile) {
+            constexpr int KU = D == 128 ? 4 : 1; /* the unrolling with the fewest spills, by -Xptxas -v */
+#pragma unroll KU
             for (int k = 0; k < D; k += 16) {
                 uint32_t Af[2][4];
 #pragma unroll
                 for (int m = 0; m < 2; m++) stage9_frag_A<D>(Af[m], A_tile, keyA + 16 * m, k);
 #pragma unroll
-                for (int qb = 0; qb < 2; qb++) {
+                for (int qb = 0; qb < BR / 32; qb++) {
                     uint32_t Bf[4];
                     stage9_frag_Bt<D>(Bf, B_tile, qA + 16 * qb, k);
 #pragma unroll
@@ -488,36 +500,36 @@ stage9_dkdv2d_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
         product(ST, K_j, Q_i);
         product(dPT, V_j, dO_i);
         /* P^T (masked) and dS^T = P^T (dP^T - D), both to shared memory in 16-bit */
-        const bool need_mask = (j + 1) * Bc > N || (causal && (j + 1) * Bc - 1 > i * Br);
+        const bool need_mask = (j + 1) * Bc > N || (causal && (j + 1) * Bc - 1 > i * BR);
 #pragma unroll
         for (int m = 0; m < 2; m++)
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
+            for (int nt = 0; nt < BR / 16; nt++) {
                 float p[4], ds[4];
 #pragma unroll
                 for (int c = 0; c < 4; c++) {
                     const int key = j * Bc + keyA + 16 * m + g + 8 * (c >> 1), ql = qA + nt * 8 + 2 * t + (c & 1);
                     p[c] = exp2_approx(fmaf(ST[m][nt][c], scale_log2, -L_i[ql]));
-                    if (need_mask && (key >= N || (causal && key > i * Br + ql))) p[c] = 0.f;
+                    if (need_mask && (key >= N || (causal && key > i * BR + ql))) p[c] = 0.f;
                     ds[c] = p[c] * (dPT[m][nt][c] - D_i[ql]);
                 }
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    const int at = stage9_swz<Br>(keyA + 16 * m + g + 8 * h, qA / 8 + nt) + 2 * t;
+                    const int at = stage9_swz<BR>(keyA + 16 * m + g + 8 * h, qA / 8 + nt) + 2 * t;
                     *(uint32_t *)&PT_s[at] = M::pack(p[2 * h], p[2 * h + 1]);
                     *(uint32_t *)&dST_s[at] = M::pack(ds[2 * h], ds[2 * h + 1]);
                 }
             }
-        __syncthreads(); /* P^T and dS^T of all Bc keys x Br queries in shared memory */
+        __syncthreads(); /* P^T and dS^T of all Bc keys x BR queries in shared memory */
 
-        /* B. dV += P^T dO_i, dK += dS^T Q_i for 32 keys x D/2 columns, over the Br queries */
+        /* B. dV += P^T dO_i, dK += dS^T Q_i for 32 keys x D/2 columns, over the BR queries */
 #pragma unroll
-        for (int qk = 0; qk < Br; qk += 16) {
+        for (int qk = 0; qk < BR; qk += 16) {
             uint32_t Pa[2][4], dSa[2][4];
 #pragma unroll
             for (int m = 0; m < 2; m++) {
-                stage9_frag_A<Br>(Pa[m], PT_s, keyB + 16 * m, qk);
-                stage9_frag_A<Br>(dSa[m], dST_s, keyB + 16 * m, qk);
+                stage9_frag_A<BR>(Pa[m], PT_s, keyB + 16 * m, qk);
+                stage9_frag_A<BR>(dSa[m], dST_s, keyB + 16 * m, qk);
             }
 #pragma unroll
             for (int n = 0; n < D / 2; n += 16) {
@@ -535,15 +547,15 @@ stage9_dkdv2d_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
         }
 
         if (!with_dq) continue;
-        /* C. dQ_i += dS K_j for 32 queries x D/4 columns, over the Bc keys; fp32 atomics into HBM */
-        float dQ_part[2][D / 32][4] = {};
+        /* C. dQ_i += dS K_j for 32 queries x CW columns, over the Bc keys; fp32 atomics into HBM */
+        float dQ_part[2][CW / 8][4] = {};
 #pragma unroll
         for (int kb = 0; kb < Bc; kb += 16) {
             uint32_t dSa[2][4]; /* A = dS (queries x keys) = the stored dS^T, transposed */
 #pragma unroll
-            for (int m = 0; m < 2; m++) stage9_frag_At<Br>(dSa[m], dST_s, kb, qC + 16 * m);
+            for (int m = 0; m < 2; m++) stage9_frag_At<BR>(dSa[m], dST_s, kb, qC + 16 * m);
 #pragma unroll
-            for (int n = 0; n < D / 4; n += 16) {
+            for (int n = 0; n < CW; n += 16) {
                 uint32_t Kf[4];
                 stage9_frag_B<D>(Kf, K_j, kb, colC + n);
 #pragma unroll
@@ -557,11 +569,11 @@ stage9_dkdv2d_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
         for (int m = 0; m < 2; m++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const int q = i * Br + qC + 16 * m + g + 8 * h;
+                const int q = i * BR + qC + 16 * m + g + 8 * h;
                 if (q >= N) continue;
                 float *dst = dQ_acc + head + (size_t)q * D + colC + 2 * t;
 #pragma unroll
-                for (int nt = 0; nt < D / 32; nt++)
+                for (int nt = 0; nt < CW / 8; nt++)
                     stage9_atomic_add2(dst + nt * 8, dQ_part[m][nt][2 * h], dQ_part[m][nt][2 * h + 1]);
             }
     }
@@ -708,8 +720,8 @@ static int stage9_launch(const struct attn_args *a, char *why, size_t n)
         snprintf(why, n, "stage9: batch * heads = %lld is more than a grid's y dimension holds (65535)", bh);
         return 1;
     }
-    /* the dK/dV kernel: the 2D warp layout at D = 128 (see stage9_dkdv2d_kernel) */
-    constexpr bool TWO_D = D == 128;
+    /* the dK/dV kernel: the 2D warp layout (see stage9_dkdv2d_kernel) */
+    constexpr bool TWO_D = true;
     auto dkdv = TWO_D ? stage9_dkdv2d_kernel<T, D> : stage9_dkdv_kernel<T, D>;
     const size_t kv_smem = TWO_D ? stage9_kv2d_smem<D>::bytes : stage9_kv_smem<D>::bytes, q_smem = stage9_q_smem<D>::bytes;
     if (smem_optin(dkdv, kv_smem, "stage9", D, why, n) ||
