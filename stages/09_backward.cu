@@ -386,12 +386,12 @@ stage9_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__
     }
 }
 
-/* The same computation with FlashAttention-2's two-dimensional warp layout (its sm80 d = 128
- * backward), for D = 128. The kernel above gives each warp 16 keys against the whole Q tile, so
+/* The same computation with FlashAttention-2's two-dimensional warp layout (its sm80 backward's
+ * tiles and warp arrangement). The kernel above gives each warp 16 keys against the whole Q tile, so
  * every Q or dO fragment it loads feeds two mma: 1.74 mma per ldmatrix.x4 at D = 128, and shared
  * memory is the limit. Here each step has three phases, each with its own warp layout:
- *   A. S^T, dP^T, P^T, dS^T: warps 4 (32 keys) x 2 (half the Q tile); at D = 128 (Q tiles of 64)
- *      per k16 four loads feed 8 mma; P^T and dS^T go to shared memory (16-bit);
+ *   A. S^T, dP^T, P^T, dS^T: warps 4 (32 keys) x 2 (half the Q tile); per k16, 2 + BR/32 loads
+ *      feed BR/4 mma; P^T and dS^T go to shared memory (16-bit);
  *   B. dV += P^T dO, dK += dS^T Q: warps 4 (32 keys) x 2 (D/2 columns), A from shared memory;
  *      per k16 of queries 2 + 2 + D/16 + D/16 loads feed 2 x D/8 mma;
  *   C. dQ += dS K: warps (32 queries) x (32 columns), as before through fp32 atomics.
