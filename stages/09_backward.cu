@@ -18,9 +18,11 @@
  *   dQ into HBM. P is recomputed from Q, K and L rather than stored: storing it is N^2 per head,
  *   the very memory FlashAttention exists to avoid.
  * The engineering is stage 8's (swizzled tiles, cp.async, exp2 with the scale folded in), plus:
- *   the next Q_i, dO_i, L_i, D_i are copied in while this one computes (double buffer); a block
- *   owns 128 keys so every dQ row gets half as many atomic adds as with 64; each add is a float2
- *   (sm_90: one atomic for two columns).
+ *   the next Q_i, dO_i, L_i, D_i are copied in while this one computes (double buffer); each step
+ *   runs in three phases with a warp layout of its own, P^T and dS^T passing through shared
+ *   memory (FA-2's arrangement: it makes each ldmatrix feed more mma); a block owns 128 keys so
+ *   every dQ row gets half as many atomic adds as with 64; each add is a float2 (sm_90: one
+ *   atomic for two columns).
  * Measured on H200: see notes/09_backward.md.
  * Run: ./stage9 --seqlen 4096 --dim 64 --causal  (add --deterministic for the atomic-free dQ)
  */
@@ -41,31 +43,42 @@
 #define WARP_SIZE 32
 #define FULL_MASK 0xffffffffu
 
-/* The dK/dV kernel: KV_WARPS warps, each owning 16 of the block's Bc keys (dK and dV of its 16
- * keys in registers: 2 x 16 x D fp32, D registers per thread), sweeping Q in tiles of Br queries.
- * For dQ_i += dS K_j the same warps split the Q tile instead: 16 queries and half of D each. */
-static constexpr int KV_WARPS = 8, KV_THREADS = KV_WARPS * WARP_SIZE;
-static constexpr int Bc = KV_WARPS * 16, Br = 64;
-static_assert(KV_WARPS == 2 * (Br / 16), "dQ: each warp takes 16 queries and half of the head dim");
+/* The dK/dV kernel: KV_WARPS warps, a K/V tile of Bc keys, Q swept in tiles of BR queries. Each
+ * step has three phases, and the warps split the work differently in each (FA-2's arrangement):
+ *   A. S^T = K_j Q_i^T and dP^T = V_j dO_i^T, then P^T and dS^T: a warp takes KA keys x QA queries;
+ *   B. dV_j += P^T dO_i, dK_j += dS^T Q_i: a warp takes 32 keys x D/2 columns (its accumulators);
+ *   C. dQ_i += dS K_j: a warp takes 32 queries x CW columns.
+ * The tiles are FA-2's for the sm80 backward: 64 queries at D = 128, 128 at D = 64. KA and KU (how
+ * far the k loop of phase A is unrolled) are the choices measured fastest without spilling
+ * (notes/09_backward.md). */
+static constexpr int KV_WARPS = 8, KV_THREADS = KV_WARPS * WARP_SIZE, Bc = 128;
+template <int D>
+struct stage9_kv_cfg;
+template <>
+struct stage9_kv_cfg<64> { static constexpr int BR = 128, KA = 64, KU = 4; };
+template <>
+struct stage9_kv_cfg<128> { static constexpr int BR = 64, KA = 32, KU = 4; };
 
 /* The dQ kernel (--deterministic): DQ_WARPS warps of 16 queries (a Q tile of DQ_Br), sweeping K/V
  * in tiles of DQ_Bc keys. */
 static constexpr int DQ_WARPS = 4, DQ_THREADS = DQ_WARPS * WARP_SIZE;
 static constexpr int DQ_Br = DQ_WARPS * 16, DQ_Bc = 64;
 
-/* Shared memory of the dK/dV kernel: K_j, V_j [Bc][D]; Q_i, dO_i [2][Br][D] (double-buffered);
- * dS [Bc][Br] (the keys' rows of dS^T); L_i, D_i [2][Br]. Tiles are swizzled (below). */
+/* Shared memory of the dK/dV kernel: K_j, V_j [Bc][D]; Q_i, dO_i [2][BR][D] (double-buffered);
+ * P^T, dS^T [Bc][BR] (16-bit); L_i, D_i [2][BR]. Tiles are swizzled (below). */
 template <int D>
 struct stage9_kv_smem {
+    static constexpr int BR = stage9_kv_cfg<D>::BR;
     static constexpr size_t K_j = 0;
     static constexpr size_t V_j = K_j + 2 * (size_t)Bc * D;
     static constexpr size_t Q_i = V_j + 2 * (size_t)Bc * D;
-    static constexpr size_t dO_i = Q_i + 2 * 2 * (size_t)Br * D;
-    static constexpr size_t dS = dO_i + 2 * 2 * (size_t)Br * D;
-    static constexpr size_t L_i = dS + 2 * (size_t)Bc * Br;
-    static constexpr size_t D_i = L_i + sizeof(float) * 2 * Br;
-    static constexpr size_t bytes = D_i + sizeof(float) * 2 * Br;
-    static_assert(D % 64 == 0 && Br % 64 == 0, "the swizzle below needs rows of 8 or more 16-byte chunks");
+    static constexpr size_t dO_i = Q_i + 2 * 2 * (size_t)BR * D;
+    static constexpr size_t PT = dO_i + 2 * 2 * (size_t)BR * D;
+    static constexpr size_t dST = PT + 2 * (size_t)Bc * BR;
+    static constexpr size_t L_i = dST + 2 * (size_t)Bc * BR;
+    static constexpr size_t D_i = L_i + sizeof(float) * 2 * BR;
+    static constexpr size_t bytes = D_i + sizeof(float) * 2 * BR;
+    static_assert(D % 64 == 0 && BR % 64 == 0, "the swizzle below needs rows of 8 or more 16-byte chunks");
 };
 /* ... and of the dQ kernel: Q_i, dO_i [DQ_Br][D], K_j, V_j [DQ_Bc][D]. */
 template <int D>
@@ -186,7 +199,12 @@ stage9_preprocess_kernel(const T *__restrict__ O, const T *__restrict__ dO, cons
     }
 }
 
-/* dK_j, dV_j for one K/V tile (and, unless deterministic, this tile's share of dQ). */
+/* dK_j, dV_j for one K/V tile (and, unless deterministic, this tile's share of dQ).
+ * Why three phases: a first version gave each warp 16 keys against the whole Q tile, all in
+ * registers (P^T and dS^T never left them), but then every Q or dO fragment a warp loads feeds only
+ * two mma, and shared-memory reads were the limit (1.74 mma per ldmatrix.x4 at D = 128). Writing
+ * P^T and dS^T to shared memory once lets each phase pick the warp layout that reuses its loads:
+ * per step and warp, 144 ldmatrix.x4 feed 320 mma at either D (2.2). */
 template <typename T, int D>
 static __global__ void __launch_bounds__(KV_THREADS)
 stage9_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__restrict__ V,
@@ -196,241 +214,13 @@ stage9_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__
 {
     typedef stage9_kv_smem<D> SM;
     typedef mma16<T> M;
+    constexpr int BR = SM::BR;                     /* queries per Q tile */
+    constexpr int KA = stage9_kv_cfg<D>::KA, QA = Bc * BR / (8 * KA); /* phase A: keys x queries per warp */
+    constexpr int QG = BR / 32, CW = D * QG / 8;   /* phase C: query groups of 32, columns per warp */
+    static_assert(KV_WARPS == 8 && Bc == 128 && QA % 16 == 0 && KA % 16 == 0 && CW % 16 == 0,
+                  "each phase's warp layout covers the tiles exactly: A (Bc/KA) x (BR/QA), B 4 x 2, C QG x (D/CW)");
     extern __shared__ __align__(128) unsigned char smem[];
     /* the tiles hold T; ldmatrix only moves 16-bit patterns, so they are addressed as __half */
-    __half *K_j = (__half *)(smem + SM::K_j), *V_j = (__half *)(smem + SM::V_j);
-    __half *Q_buf = (__half *)(smem + SM::Q_i), *dO_buf = (__half *)(smem + SM::dO_i); /* [2][Br][D] */
-    __half *dS_s = (__half *)(smem + SM::dS);
-    float *L_buf = (float *)(smem + SM::L_i), *D_buf = (float *)(smem + SM::D_i);     /* [2][Br] */
-
-    const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
-    const int g = lane >> 2, t = lane & 3;
-    const int j = blockIdx.x;                      /* this block's K/V tile */
-    const size_t bh = blockIdx.y, head = bh * N * D;
-    const int key_w = warp * 16;                   /* this warp's keys within K_j (dK, dV rows) */
-    const int q_w = (warp % (Br / 16)) * 16;       /* for dQ: this warp's 16 queries within Q_i ... */
-    const int n_w = (warp / (Br / 16)) * (D / 2);  /* ... and its half of the head dim */
-    const float scale_log2 = scale * LOG2E;
-    const int Tr = CEIL_DIV(N, Br);
-    /* causal: Q tiles wholly above the diagonal (every query before every key of K_j) see none of it */
-    const int i_first = causal ? (j * Bc) / Br : 0;
-
-    /* Q tile i into buffer b: Q_i and dO_i rows, and L_i, D_i, all by cp.async. Rows past N read as
-     * zeros: Q = dO = 0 and L = D = 0 there give P = 1 but dP = 0, so dS = 0, and dO = 0 adds
-     * nothing to dV: such a query contributes nothing, and its dQ row is never written. */
-    auto load_q_tile = [&](int i, int b) {
-        stage9_load_tile<T, D, Br, KV_THREADS>(Q_buf + b * Br * D, Q + head, i * Br, N);
-        stage9_load_tile<T, D, Br, KV_THREADS>(dO_buf + b * Br * D, dO + head, i * Br, N);
-        if (tid < 2 * Br) {
-            const int r = tid % Br, q = i * Br + r;
-            const float *src = (tid < Br ? L2 : Dsum) + bh * N + (q < N ? q : 0);
-            cp_async_4_zfill((tid < Br ? L_buf : D_buf) + b * Br + r, src, q < N);
-        }
-    };
-
-    stage9_load_tile<T, D, Bc, KV_THREADS>(K_j, K + head, j * Bc, N);
-    stage9_load_tile<T, D, Bc, KV_THREADS>(V_j, V + head, j * Bc, N);
-    cp_async_commit();
-    load_q_tile(i_first, 0);
-    cp_async_commit();
-
-    /* A warp's own 16 rows of K_j and V_j are the A operand of S^T and dP^T at every step: at
-     * D = 64 they stay in registers (2 x D / 4 per thread) and save the sweep a tenth of its
-     * ldmatrix; at D = 128 they would not fit beside the accumulators and are read each step. */
-    constexpr bool KV_REGS = D <= 64;
-    uint32_t K_w[KV_REGS ? D / 16 : 1][4], V_w[KV_REGS ? D / 16 : 1][4];
-    if constexpr (KV_REGS) {
-        cp_async_wait<1>();
-        __syncthreads(); /* K_j, V_j in shared memory (the first Q tile may still be on its way) */
-#pragma unroll
-        for (int k = 0; k < D; k += 16) {
-            stage9_frag_A<D>(K_w[k / 16], K_j, key_w, k);
-            stage9_frag_A<D>(V_w[k / 16], V_j, key_w, k);
-        }
-    }
-
-    float dK_acc[D / 8][4] = {}, dV_acc[D / 8][4] = {}; /* this warp's 16 keys x D */
-
-    for (int i = i_first, b = 0; i < Tr; i++, b ^= 1) {
-        cp_async_wait<0>();
-        __syncthreads(); /* tile i in buffer b (K_j, V_j too on the first step); every warp is done
-                            with step i-1, so buffer b^1 and dS are free */
-        if (i + 1 < Tr) load_q_tile(i + 1, b ^ 1); /* arrives while this step computes */
-        cp_async_commit();
-        const __half *Q_i = Q_buf + b * Br * D, *dO_i = dO_buf + b * Br * D;
-        const float *L_i = L_buf + b * Br, *D_i = D_buf + b * Br;
-
-        /* S^T = K_w Q_i^T: this warp's 16 keys x Br queries (raw scores) */
-        float ST[Br / 8][4] = {};
-#pragma unroll
-        for (int k = 0; k < D; k += 16) {
-            uint32_t Kf[4];
-            if constexpr (KV_REGS) for (int r = 0; r < 4; r++) Kf[r] = K_w[k / 16][r];
-            else stage9_frag_A<D>(Kf, K_j, key_w, k);
-#pragma unroll
-            for (int qb = 0; qb < Br / 16; qb++) {
-                uint32_t Qf[4];
-                stage9_frag_Bt<D>(Qf, Q_i, qb * 16, k);
-                M::mma(ST[2 * qb], Kf, &Qf[0]);
-                M::mma(ST[2 * qb + 1], Kf, &Qf[2]);
-            }
-        }
-        /* P^T = exp2(scale log2e S^T - L log2e), 0 where masked (key past N; causal: key after
-         * query). C layout: ST[nt][c] is key key_w + g + 8 (c >> 1), query nt*8 + 2t + (c & 1). */
-        const bool need_mask = (j + 1) * Bc > N || (causal && (j + 1) * Bc - 1 > i * Br);
-#pragma unroll
-        for (int nt = 0; nt < Br / 8; nt++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const int key = j * Bc + key_w + g + 8 * (c >> 1), ql = nt * 8 + 2 * t + (c & 1);
-                float p = exp2_approx(fmaf(ST[nt][c], scale_log2, -L_i[ql]));
-                if (need_mask && (key >= N || (causal && key > i * Br + ql))) p = 0.f;
-                ST[nt][c] = p;
-            }
-
-        /* dV_w += P^T dO_i */
-#pragma unroll
-        for (int qb = 0; qb < Br / 16; qb++) {
-            uint32_t Pa[4];
-            stage9_pack_A<T>(Pa, ST[2 * qb], ST[2 * qb + 1]);
-#pragma unroll
-            for (int n = 0; n < D; n += 16) {
-                uint32_t dOf[4];
-                stage9_frag_B<D>(dOf, dO_i, qb * 16, n);
-                M::mma(dV_acc[n / 8], Pa, &dOf[0]);
-                M::mma(dV_acc[n / 8 + 1], Pa, &dOf[2]);
-            }
-        }
-
-        /* dP^T = V_w dO_i^T, then dS^T = P^T * (dP^T - D) */
-        float dST[Br / 8][4] = {};
-#pragma unroll
-        for (int k = 0; k < D; k += 16) {
-            uint32_t Vf[4];
-            if constexpr (KV_REGS) for (int r = 0; r < 4; r++) Vf[r] = V_w[k / 16][r];
-            else stage9_frag_A<D>(Vf, V_j, key_w, k);
-#pragma unroll
-            for (int qb = 0; qb < Br / 16; qb++) {
-                uint32_t dOf[4];
-                stage9_frag_Bt<D>(dOf, dO_i, qb * 16, k);
-                M::mma(dST[2 * qb], Vf, &dOf[0]);
-                M::mma(dST[2 * qb + 1], Vf, &dOf[2]);
-            }
-        }
-#pragma unroll
-        for (int nt = 0; nt < Br / 8; nt++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) dST[nt][c] = ST[nt][c] * (dST[nt][c] - D_i[nt * 8 + 2 * t + (c & 1)]);
-
-        /* dK_w += dS^T Q_i (scaled at the end) */
-#pragma unroll
-        for (int qb = 0; qb < Br / 16; qb++) {
-            uint32_t dSa[4];
-            stage9_pack_A<T>(dSa, dST[2 * qb], dST[2 * qb + 1]);
-#pragma unroll
-            for (int n = 0; n < D; n += 16) {
-                uint32_t Qf[4];
-                stage9_frag_B<D>(Qf, Q_i, qb * 16, n);
-                M::mma(dK_acc[n / 8], dSa, &Qf[0]);
-                M::mma(dK_acc[n / 8 + 1], dSa, &Qf[2]);
-            }
-        }
-
-        if (!with_dq) continue;
-        /* dQ_i += dS K_j: dS^T goes to shared memory (keys' rows, 16-bit); then each warp takes 16
-         * queries and half of D over all Bc keys, reading dS^T transposed, and adds its 16 x D/2
-         * into the fp32 accumulator in HBM (atomics: every K/V tile's block adds to the same rows). */
-#pragma unroll
-        for (int nt = 0; nt < Br / 8; nt++)
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-                *(uint32_t *)&dS_s[stage9_swz<Br>(key_w + g + 8 * h, nt) + 2 * t] =
-                    M::pack(dST[nt][2 * h], dST[nt][2 * h + 1]);
-        __syncthreads(); /* dS^T of all Bc keys in shared memory */
-        float dQ_part[D / 16][4] = {};
-#pragma unroll
-        for (int kb = 0; kb < Bc / 16; kb++) {
-            uint32_t dSa[4]; /* A = dS (queries x keys) = the stored dS^T, transposed */
-            stage9_frag_At<Br>(dSa, dS_s, kb * 16, q_w);
-#pragma unroll
-            for (int n = 0; n < D / 2; n += 16) {
-                uint32_t Kf[4];
-                stage9_frag_B<D>(Kf, K_j, kb * 16, n_w + n);
-                M::mma(dQ_part[n / 8], dSa, &Kf[0]);
-                M::mma(dQ_part[n / 8 + 1], dSa, &Kf[2]);
-            }
-        }
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int q = i * Br + q_w + g + 8 * h;
-            if (q >= N) continue;
-            float *dst = dQ_acc + head + (size_t)q * D + n_w + 2 * t;
-#pragma unroll
-            for (int nt = 0; nt < D / 16; nt++) stage9_atomic_add2(dst + nt * 8, dQ_part[nt][2 * h], dQ_part[nt][2 * h + 1]);
-        }
-        /* the next step writes dS^T only after its first barrier, which every warp reaches only
-         * after finishing these reads */
-    }
-
-    /* dK_j = scale dS^T Q, dV_j = P^T dO: this warp's 16 keys, to HBM in the input dtype */
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int key = j * Bc + key_w + g + 8 * h;
-        if (key >= N) continue;
-#pragma unroll
-        for (int nt = 0; nt < D / 8; nt++) {
-            const size_t at = head + (size_t)key * D + nt * 8 + 2 * t;
-            *(uint32_t *)&dK[at] = M::pack(scale * dK_acc[nt][2 * h], scale * dK_acc[nt][2 * h + 1]);
-            *(uint32_t *)&dV[at] = M::pack(dV_acc[nt][2 * h], dV_acc[nt][2 * h + 1]);
-        }
-    }
-}
-
-/* The same computation with FlashAttention-2's two-dimensional warp layout (its sm80 backward's
- * tiles and warp arrangement). The kernel above gives each warp 16 keys against the whole Q tile, so
- * every Q or dO fragment it loads feeds two mma: 1.74 mma per ldmatrix.x4 at D = 128, and shared
- * memory is the limit. Here each step has three phases, each with its own warp layout:
- *   A. S^T, dP^T, P^T, dS^T: warps 4 (32 keys) x 2 (half the Q tile); per k16, 2 + BR/32 loads
- *      feed BR/4 mma; P^T and dS^T go to shared memory (16-bit);
- *   B. dV += P^T dO, dK += dS^T Q: warps 4 (32 keys) x 2 (D/2 columns), A from shared memory;
- *      per k16 of queries 2 + 2 + D/16 + D/16 loads feed 2 x D/8 mma;
- *   C. dQ += dS K: warps (32 queries) x (32 columns), as before through fp32 atomics.
- * 144 loads per 320 mma at D = 128 (2.2), at the price of writing P^T once more. At D = 64 the
- * Q tile is 128 queries (FA-2's choice there), 2.2 as well, against 1.8 for the kernel above. */
-template <int D>
-struct stage9_2d_cfg;
-template <>
-struct stage9_2d_cfg<64> { static constexpr int BR = 128; }; /* FA-2's d = 64 tile: 128 queries x 128 keys */
-template <>
-struct stage9_2d_cfg<128> { static constexpr int BR = 64; }; /* FA-2's d = 128 tile: 64 queries x 128 keys */
-
-template <int D>
-struct stage9_kv2d_smem {
-    static constexpr int BR = stage9_2d_cfg<D>::BR;
-    static constexpr size_t K_j = 0;
-    static constexpr size_t V_j = K_j + 2 * (size_t)Bc * D;
-    static constexpr size_t Q_i = V_j + 2 * (size_t)Bc * D;
-    static constexpr size_t dO_i = Q_i + 2 * 2 * (size_t)BR * D;
-    static constexpr size_t PT = dO_i + 2 * 2 * (size_t)BR * D;
-    static constexpr size_t dST = PT + 2 * (size_t)Bc * BR;
-    static constexpr size_t L_i = dST + 2 * (size_t)Bc * BR;
-    static constexpr size_t D_i = L_i + sizeof(float) * 2 * BR;
-    static constexpr size_t bytes = D_i + sizeof(float) * 2 * BR;
-};
-static_assert(KV_WARPS == 8 && Bc == 128, "the 2D layout below is written for 8 warps and 128 keys");
-
-template <typename T, int D>
-static __global__ void __launch_bounds__(KV_THREADS)
-stage9_dkdv2d_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__restrict__ V,
-                     const T *__restrict__ dO, const float *__restrict__ L2, const float *__restrict__ Dsum,
-                     T *__restrict__ dK, T *__restrict__ dV, float *__restrict__ dQ_acc, int N, int causal,
-                     float scale, int with_dq)
-{
-    typedef stage9_kv2d_smem<D> SM;
-    typedef mma16<T> M;
-    constexpr int BR = SM::BR;                     /* queries per Q tile */
-    constexpr int QG = BR / 32, CW = D * QG / 8;   /* phase C: query groups of 32, columns per warp */
-    extern __shared__ __align__(128) unsigned char smem[];
     __half *K_j = (__half *)(smem + SM::K_j), *V_j = (__half *)(smem + SM::V_j);
     __half *Q_buf = (__half *)(smem + SM::Q_i), *dO_buf = (__half *)(smem + SM::dO_i); /* [2][BR][D] */
     __half *PT_s = (__half *)(smem + SM::PT), *dST_s = (__half *)(smem + SM::dST);     /* [Bc][BR] */
@@ -438,17 +228,20 @@ stage9_dkdv2d_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
 
     const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
     const int g = lane >> 2, t = lane & 3;
-    const int j = blockIdx.x;
+    const int j = blockIdx.x;                      /* this block's K/V tile */
     const size_t bh = blockIdx.y, head = bh * N * D;
-    /* phase A: 32 keys x BR/2 queries; phase B: 32 keys x D/2 columns; phase C: 32 queries x CW */
-    const int keyA = (warp % 4) * 32, qA = (warp / 4) * (BR / 2);
+    /* this warp's part in phase A (KA keys x QA queries), B (32 keys x D/2), C (32 queries x CW) */
+    const int keyA = (warp % (Bc / KA)) * KA, qA = (warp / (Bc / KA)) * QA;
     const int keyB = (warp % 4) * 32, colB = (warp / 4) * (D / 2);
     const int qC = (warp % QG) * 32, colC = (warp / QG) * CW;
     const float scale_log2 = scale * LOG2E;
     const int Tr = CEIL_DIV(N, BR);
+    /* causal: Q tiles wholly above the diagonal (every query before every key of K_j) see none of it */
     const int i_first = causal ? (j * Bc) / BR : 0;
 
-    /* as in stage9_dkdv_kernel: rows past N read as zeros and contribute nothing */
+    /* Q tile i into buffer b: Q_i and dO_i rows, and L_i, D_i, all by cp.async. Rows past N read as
+     * zeros: Q = dO = 0 and L = D = 0 there give P = 1 but dP = 0, so dS = 0, and dO = 0 adds
+     * nothing to dV: such a query contributes nothing, and its dQ row is never written. */
     auto load_q_tile = [&](int i, int b) {
         stage9_load_tile<T, D, BR, KV_THREADS>(Q_buf + b * BR * D, Q + head, i * BR, N);
         stage9_load_tile<T, D, BR, KV_THREADS>(dO_buf + b * BR * D, dO + head, i * BR, N);
@@ -474,23 +267,22 @@ stage9_dkdv2d_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
         const __half *Q_i = Q_buf + b * BR * D, *dO_i = dO_buf + b * BR * D;
         const float *L_i = L_buf + b * BR, *D_i = D_buf + b * BR;
 
-        /* A. S^T = K Q_i^T, then dP^T = V dO_i^T, for 32 keys x 32 queries (one product at a
-         * time: their fragments need not be live together; the k loop only partly unrolled,
-         * which is what keeps ptxas from spilling: none at D = 128, 28 bytes at D = 64) */
-        float ST[2][BR / 16][4] = {}, dPT[2][BR / 16][4] = {};
-        auto product = [&](float C[2][BR / 16][4], const __half *A_tile, const __half *B_tile) {
-            constexpr int KU = D == 128 ? 4 : 1; /* the unrolling with the fewest spills, by -Xptxas -v */
+        /* A. S^T = K_j Q_i^T, then dP^T = V_j dO_i^T, for this warp's KA keys x QA queries (one
+         * product at a time: their fragments need not be live together) */
+        float ST[KA / 16][QA / 8][4] = {}, dPT[KA / 16][QA / 8][4] = {};
+        auto product = [&](float C[KA / 16][QA / 8][4], const __half *A_tile, const __half *B_tile) {
+            constexpr int KU = stage9_kv_cfg<D>::KU;
 #pragma unroll KU
             for (int k = 0; k < D; k += 16) {
-                uint32_t Af[2][4];
+                uint32_t Af[KA / 16][4];
 #pragma unroll
-                for (int m = 0; m < 2; m++) stage9_frag_A<D>(Af[m], A_tile, keyA + 16 * m, k);
+                for (int m = 0; m < KA / 16; m++) stage9_frag_A<D>(Af[m], A_tile, keyA + 16 * m, k);
 #pragma unroll
-                for (int qb = 0; qb < BR / 32; qb++) {
+                for (int qb = 0; qb < QA / 16; qb++) {
                     uint32_t Bf[4];
                     stage9_frag_Bt<D>(Bf, B_tile, qA + 16 * qb, k);
 #pragma unroll
-                    for (int m = 0; m < 2; m++) {
+                    for (int m = 0; m < KA / 16; m++) {
                         M::mma(C[m][2 * qb], Af[m], &Bf[0]);
                         M::mma(C[m][2 * qb + 1], Af[m], &Bf[2]);
                     }
@@ -499,19 +291,24 @@ stage9_dkdv2d_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
         };
         product(ST, K_j, Q_i);
         product(dPT, V_j, dO_i);
-        /* P^T (masked) and dS^T = P^T (dP^T - D), both to shared memory in 16-bit */
+        /* P^T = exp2(scale log2e S^T - L log2e), 0 where masked (key past N; causal: key after
+         * query), and dS^T = P^T (dP^T - D), both to shared memory in 16-bit. C layout: ST[m][nt][c]
+         * is key keyA + 16 m + g + 8 (c >> 1), query qA + 8 nt + 2t + (c & 1). */
         const bool need_mask = (j + 1) * Bc > N || (causal && (j + 1) * Bc - 1 > i * BR);
 #pragma unroll
-        for (int m = 0; m < 2; m++)
+        for (int nt = 0; nt < QA / 8; nt++) {
+            /* this lane's two queries: their L and D read once, for all its keys */
+            const int ql = qA + nt * 8 + 2 * t;
+            const float2 Lq = *(const float2 *)&L_i[ql], Dq = *(const float2 *)&D_i[ql];
 #pragma unroll
-            for (int nt = 0; nt < BR / 16; nt++) {
+            for (int m = 0; m < KA / 16; m++) {
                 float p[4], ds[4];
 #pragma unroll
                 for (int c = 0; c < 4; c++) {
-                    const int key = j * Bc + keyA + 16 * m + g + 8 * (c >> 1), ql = qA + nt * 8 + 2 * t + (c & 1);
-                    p[c] = exp2_approx(fmaf(ST[m][nt][c], scale_log2, -L_i[ql]));
-                    if (need_mask && (key >= N || (causal && key > i * BR + ql))) p[c] = 0.f;
-                    ds[c] = p[c] * (dPT[m][nt][c] - D_i[ql]);
+                    const int key = j * Bc + keyA + 16 * m + g + 8 * (c >> 1), q = i * BR + ql + (c & 1);
+                    p[c] = exp2_approx(fmaf(ST[m][nt][c], scale_log2, -((c & 1) ? Lq.y : Lq.x)));
+                    if (need_mask && (key >= N || (causal && key > q))) p[c] = 0.f;
+                    ds[c] = p[c] * (dPT[m][nt][c] - ((c & 1) ? Dq.y : Dq.x));
                 }
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
@@ -520,6 +317,7 @@ stage9_dkdv2d_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
                     *(uint32_t *)&dST_s[at] = M::pack(ds[2 * h], ds[2 * h + 1]);
                 }
             }
+        }
         __syncthreads(); /* P^T and dS^T of all Bc keys x BR queries in shared memory */
 
         /* B. dV += P^T dO_i, dK += dS^T Q_i for 32 keys x D/2 columns, over the BR queries */
@@ -720,11 +518,8 @@ static int stage9_launch(const struct attn_args *a, char *why, size_t n)
         snprintf(why, n, "stage9: batch * heads = %lld is more than a grid's y dimension holds (65535)", bh);
         return 1;
     }
-    /* the dK/dV kernel: the 2D warp layout (see stage9_dkdv2d_kernel) */
-    constexpr bool TWO_D = true;
-    auto dkdv = TWO_D ? stage9_dkdv2d_kernel<T, D> : stage9_dkdv_kernel<T, D>;
-    const size_t kv_smem = TWO_D ? stage9_kv2d_smem<D>::bytes : stage9_kv_smem<D>::bytes, q_smem = stage9_q_smem<D>::bytes;
-    if (smem_optin(dkdv, kv_smem, "stage9", D, why, n) ||
+    const size_t kv_smem = stage9_kv_smem<D>::bytes, q_smem = stage9_q_smem<D>::bytes;
+    if (smem_optin(stage9_dkdv_kernel<T, D>, kv_smem, "stage9", D, why, n) ||
         smem_optin(stage9_dq_kernel<T, D>, q_smem, "stage9", D, why, n))
         return 1;
 
@@ -736,7 +531,7 @@ static int stage9_launch(const struct attn_args *a, char *why, size_t n)
     stage9_preprocess_kernel<T, D><<<(unsigned)CEIL_DIV(rows, PRE_THREADS / (D / 8)), PRE_THREADS>>>(
         O, dO, a->L, Dsum, L2, a->deterministic ? NULL : dQ_acc, rows);
     CUDA_TRY(cudaGetLastError());
-    dkdv<<<dim3(CEIL_DIV(sh->N, Bc), (unsigned)bh), KV_THREADS, kv_smem>>>(
+    stage9_dkdv_kernel<T, D><<<dim3(CEIL_DIV(sh->N, Bc), (unsigned)bh), KV_THREADS, kv_smem>>>(
         Q, K, V, dO, L2, Dsum, (T *)a->dK, (T *)a->dV, dQ_acc, sh->N, sh->causal, sh->scale, !a->deterministic);
     CUDA_TRY(cudaGetLastError());
     if (a->deterministic) {
