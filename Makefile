@@ -4,7 +4,7 @@
 
 # ---- the stages: NN_slug, the file is stages/NN_slug.c (CPU) or .cu (GPU) ----
 CPU_STAGES := 01_naive 02_tiled_cpu 03_online_softmax
-GPU_STAGES := 04_fa1 05_delayed_rescaling 06_loop_swap 07_warp_partition 08_seq_parallel 09_backward
+GPU_STAGES := 04_fa1 05_delayed_rescaling 06_loop_swap 07_warp_partition 08_seq_parallel 09_pipelined 10_backward
 
 MAKEFLAGS += --no-builtin-rules
 .SUFFIXES:
@@ -41,7 +41,7 @@ COMMON_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard common/*.c))
 COMMON_OBJS := $(filter-out $(BUILD)/common/main.o,$(COMMON_OBJS))
 CUDA_OBJS := $(BUILD)/common/cuda/runner.o
 REF_OBJ := $(BUILD)/stages/01_naive.o   # stage 1 is every stage's reference, linked into each
-LINK_WITH_stage9 := $(BUILD)/stages/08_seq_parallel.o   # stage 9's forward is stage 8's
+LINK_WITH_stage10 := $(BUILD)/stages/09_pipelined.o   # stage 10's forward is stage 9's
 TEST_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/*.c)) $(BUILD)/registry.o
 TEST_CUDA_OBJS := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard tests/*.cu))   # GPU-side tests, with nvcc only
 
@@ -123,20 +123,22 @@ tests/attn_tests: $(TEST_OBJS) $(STAGE_OBJS) $(COMMON_OBJS) $(if $(HAVE_NVCC),$(
 	$(Q)$(TEST_LINK)
 
 # The suite runs the stage binaries too (command-line cases), so it needs them built.
+# tests/diff_noise.sh: every make diffN shows its idea, not a renaming (at most 8 lines each).
 test: all
 	./tests/attn_tests --jobs=$(or $(JOBS),2)
+	tests/diff_noise.sh
 
 # ---- GPU-only targets ----
-# One shape also runs the counting build (--counters) of a forward stage; stage 9, a backward,
+# One shape also runs the counting build (--counters) of a forward stage; stage 10, a backward,
 # has none and runs its --deterministic path there instead. ($(b) is the stage being sanitized.)
 SANITIZE_FLAG = $(or $(SANITIZE_FLAG_$(b)),--counters)
-SANITIZE_FLAG_stage9 := --deterministic
+SANITIZE_FLAG_stage10 := --deterministic
 SANITIZE_SHAPES = "--seqlen 1 --dim 64" "--seqlen 100 --dim 64 --causal $(SANITIZE_FLAG)" "--seqlen 77 --dim 128" \
                   "--seqlen 130 --dim 128 --causal --batch 2 --heads 3"
 # stages that take more than the shapes above name their extra shapes here
-SANITIZE_SHAPES_stage9 := "--seqlen 130 --dim 128 --dtype bf16 --deterministic" "--seqlen 200 --dim 128 --dtype bf16 --causal" \
+SANITIZE_SHAPES_stage10 := "--seqlen 130 --dim 128 --dtype bf16 --deterministic" "--seqlen 200 --dim 128 --dtype bf16 --causal" \
                           "--seqlen 1000 --dim 64"
-SANITIZE_SHAPES_stage8 := "--seqlen 200 --dim 32 --dtype bf16 --causal" "--seqlen 130 --dim 256" \
+SANITIZE_SHAPES_stage9 := "--seqlen 200 --dim 32 --dtype bf16 --causal" "--seqlen 130 --dim 256" \
                           "--seqlen 300 --dim 128 --dtype bf16"
 sanitize: $(GPU_BINS)
 	@set -e; $(foreach b,$(GPU_BINS),for tool in memcheck racecheck synccheck; do \
@@ -149,8 +151,8 @@ bench: $(GPU_BINS)
 	FA_COMMIT=$(COMMIT) STAGES="$(GPU_BINS)" plots/bench.sh
 
 # Nsight Compute's DRAM bytes for each GPU stage beside its formula, into plots/data/<gpu>_hbm.csv
-# (the forward stages: their --counters print the formula; stage 9 measures a backward)
-NCU_BINS = $(filter-out stage9,$(GPU_BINS))
+# (the forward stages: their --counters print the formula; stage 10 measures a backward)
+NCU_BINS = $(filter-out stage10,$(GPU_BINS))
 bench-ncu: $(NCU_BINS)
 	FA_COMMIT=$(COMMIT) STAGES="$(NCU_BINS)" plots/bench_ncu.sh
 
@@ -164,12 +166,13 @@ plots:
 	plots/plot.sh
 
 # ---- reading a stage: what changed from the one before ----
-ALL_STAGE_FILES := $(sort $(wildcard stages/[0-9][0-9]_*.c stages/[0-9][0-9]_*.cu))
+# (-b: a block that only moved in or out by a level of indentation reads as unchanged)
 diff%:
-	@n=$*; prev=$$(printf '%02d' $$((n - 1))); cur=$$(printf '%02d' $$n); \
+	@n=$*; case "$$n" in ''|*[!0-9]*) echo "make diff$$n: say which stage, as a number: make diff5" >&2; exit 2;; esac; \
+	n=$$(expr $$n + 0); prev=$$(printf '%02d' $$((n - 1))); cur=$$(printf '%02d' $$n); \
 	a=$$(ls stages/$${prev}_* 2>/dev/null | head -n1); b=$$(ls stages/$${cur}_* 2>/dev/null | head -n1); \
 	if [ -z "$$a" ] || [ -z "$$b" ]; then echo "make diff$$n: needs stages/$${prev}_* and stages/$${cur}_*" >&2; exit 2; fi; \
-	diff -u "$$a" "$$b"; test $$? -le 1
+	diff -u -b "$$a" "$$b"; test $$? -le 1
 
 clean:
 	rm -rf $(BUILD) tests/attn_tests $(CPU_BINS) $(GPU_BINS)

@@ -39,3 +39,11 @@ int stage_supports(const struct stage *st, const struct shape *sh, enum dtype dt
         k += snprintf(why + k, n - k, " %d", st->dims[j]);
     return 0;
 }
+
+int stage_failed(const struct stage *st, int rc, char *why, size_t n)
+{
+    char reason[512];
+    snprintf(reason, sizeof reason, "%s", why);
+    snprintf(why, n, "%s: %s", st->name, reason);
+    return rc == ATTN_CUDA_ERROR ? 4 /* EXIT_CUDA_ERROR */ : 2 /* EXIT_USAGE */;
+}

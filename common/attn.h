@@ -89,6 +89,14 @@ struct stage {
  * the backward is 2.5x the forward. */
 double attn_flops(const struct shape *sh, int backward);
 
+/* What a stage function's nonzero return means: ATTN_UNSUPPORTED (a shape or dtype it refuses;
+ * the harness exits 2) or ATTN_CUDA_ERROR (the CUDA runtime failed; the harness exits 4). */
+enum { ATTN_UNSUPPORTED = 1, ATTN_CUDA_ERROR = 4 };
+
+/* After a stage function returned rc != 0 with its reason in `why`: puts the stage's name in
+ * front of the reason ("stage7: d=64 needs ...") and returns the exit code rc calls for. */
+int stage_failed(const struct stage *st, int rc, char *why, size_t n);
+
 /* Does `st` support this head dim and dtype? If not, writes what it does support into `why`. */
 int stage_supports(const struct stage *st, const struct shape *sh, enum dtype dt, char *why, size_t n);
 

@@ -112,7 +112,7 @@ void cmp_print(FILE *f, const char *what, const struct cmp *c, const struct shap
             c->got, c->want, c->max_err, c->mean_err, c->tol, c->nonfinite, c->count);
 }
 
-/* Gradients (stage 9 against stage 1 or the fp64 oracle):
+/* Gradients (stage 10 against stage 1 or the fp64 oracle):
  *   |g - g_ref| <= gmax * (8 u_dt + u32 * (2 smax + 4 sqrt(N) + 16)) + floor
  * with gmax = max|g_ref| over the tensor. A reduced-precision backward rounds P and dS to its
  * dtype before the products dV = P^T dO, dK = dS^T Q and dQ = dS K: each term off by u_dt

@@ -42,7 +42,8 @@ int run_forward_host(const struct stage *st, const struct shape *sh, enum dtype 
         return gpu_forward_host(st, sh, dt, Q, K, V, O, L, NULL, why, n);
     }
     struct attn_args a = {.sh = *sh, .dtype = dt, .Q = Q, .K = K, .V = V, .O = O, .L = L};
-    return st->forward(&a, why, n) ? EXIT_USAGE : 0;
+    int rc = st->forward(&a, why, n);
+    return rc ? stage_failed(st, rc, why, n) : 0;
 }
 
 /* Compare rows [row0, row0 + nrows) of O and L with fp64 references for those rows. */
@@ -282,9 +283,11 @@ static int cpu_run_stage(const struct stage *st, const struct opts *o, const flo
     poison(O, shape_elems(&o->sh));
     poison(L, shape_rows(&o->sh));
     mem_reset_peak();
-    if (st->forward(&a, why, sizeof why)) {
+    int rc = st->forward(&a, why, sizeof why);
+    if (rc) {
+        rc = stage_failed(st, rc, why, sizeof why);
         fprintf(stderr, "%s\n", why);
-        return EXIT_USAGE;
+        return rc;
     }
     r->extra_bytes = mem_peak_bytes();
     for (int w = 1; w < o->warmup; w++) st->forward(&a, why, sizeof why);

@@ -11,8 +11,9 @@
 extern "C" {
 #endif
 
-/* Exit codes shared by every stage binary. */
-enum { EXIT_PASS = 0, EXIT_CHECK_FAILED = 1, EXIT_USAGE = 2, EXIT_NO_DEVICE = 3 };
+/* Exit codes shared by every stage binary (stage_failed in attn.c maps a stage's return onto the
+ * last two). */
+enum { EXIT_PASS = 0, EXIT_CHECK_FAILED = 1, EXIT_USAGE = 2, EXIT_NO_DEVICE = 3, EXIT_CUDA_ERROR = 4 };
 
 /* ---- options (cli.c) ---- */
 struct opts {

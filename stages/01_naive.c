@@ -4,9 +4,10 @@
  *   P = softmax(S) by rows (the row max subtracted first, so exp never overflows)
  *   O = P V,  L = m + log(sum_j exp(S_ij - m))  (the row logsumexp the backward needs)
  *
- * This is the reference every other stage must match. Its cost is the N x N score matrix:
- * 4 N^2 bytes per head (64 MiB at N = 4096), which is what every later stage avoids.
- * Also the naive backward (dQ, dK, dV from dO), the reference for stage 9.
+ * Every check runs this file: it is the reference every other stage must match (and it answers
+ * itself to the fp64 oracle in common/oracle.c). Its cost is the N x N score matrix: 4 N^2 bytes
+ * per head (64 MiB at N = 4096), which is what every later stage avoids.
+ * Also the naive backward (dQ, dK, dV from dO), the reference for stage 10.
  * Run: ./stage1 --seqlen 1024 --dim 64 --causal
  */
 #include "common/attn.h"
@@ -16,7 +17,7 @@
 /* ---- forward ---- */
 
 /* S_i = scale * q_i K^T for one row, with keys after i masked to -inf when causal. */
-static void stage1_scores_row(const struct shape *sh, const float *q, const float *K, int i, float *S_i)
+static void scores_row(const struct shape *sh, const float *q, const float *K, int i, float *S_i)
 {
     for (int j = 0; j < sh->N; j++) {
         if (sh->causal && j > i) { S_i[j] = -INFINITY; continue; }
@@ -27,7 +28,7 @@ static void stage1_scores_row(const struct shape *sh, const float *q, const floa
     }
 }
 
-static int stage1_forward(const struct attn_args *a, char *why, size_t n)
+static int forward(const struct attn_args *a, char *why, size_t n)
 {
     (void)why, (void)n;
     const struct shape *sh = &a->sh;
@@ -41,7 +42,7 @@ static int stage1_forward(const struct attn_args *a, char *why, size_t n)
             float *O = (float *)a->O + idx4(sh, b, h, 0, 0);
             float *L = a->L + idx3(sh, b, h, 0);
             /* S = scale * Q K^T */
-            for (int i = 0; i < N; i++) stage1_scores_row(sh, Q + (size_t)i * d, K, i, S + (size_t)i * N);
+            for (int i = 0; i < N; i++) scores_row(sh, Q + (size_t)i * d, K, i, S + (size_t)i * N);
             /* P = softmax(S), row by row, in place */
             for (int i = 0; i < N; i++) {
                 float *S_i = S + (size_t)i * N;
@@ -74,7 +75,7 @@ static int stage1_forward(const struct attn_args *a, char *why, size_t n)
  *   dV = P^T dO,  dP = dO V^T,  D_i = rowsum(dO_i * O_i),  dS = P * (dP - D),
  *   dQ = scale dS K,  dK = scale dS^T Q.
  * Naive: P and dS are materialized, N x N each. */
-static int stage1_backward(const struct attn_args *a, char *why, size_t n)
+static int backward(const struct attn_args *a, char *why, size_t n)
 {
     (void)why, (void)n;
     const struct shape *sh = &a->sh;
@@ -90,7 +91,7 @@ static int stage1_backward(const struct attn_args *a, char *why, size_t n)
             float *dQ = (float *)a->dQ + off, *dK = (float *)a->dK + off, *dV = (float *)a->dV + off;
             for (int i = 0; i < N; i++) { /* P = exp(S - L) */
                 float *P_i = P + (size_t)i * N;
-                stage1_scores_row(sh, Q + (size_t)i * d, K, i, P_i);
+                scores_row(sh, Q + (size_t)i * d, K, i, P_i);
                 for (int j = 0; j < N; j++) P_i[j] = expf(P_i[j] - L[i]);
             }
             for (int i = 0; i < N; i++) { /* dS = P * (dO V^T - D) */
@@ -130,8 +131,8 @@ const struct stage stage1_desc = {
     .name = "stage1",
     .idea = "naive: S = scale QK^T materialized, row softmax, O = PV",
     .device = ON_CPU,
-    .forward = stage1_forward,
-    .backward = stage1_backward,
+    .forward = forward,
+    .backward = backward,
     .dims = {0}, /* any head dim */
     .dtypes = DT_F32,
 };

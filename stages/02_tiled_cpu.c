@@ -18,20 +18,20 @@
 
 /* ---- configuration ---- */
 /* 64 x 64 fp32 tile of S is 16 KiB: it and a Br x d accumulator stay in a core's L1/L2. */
-#define STAGE2_BR 64
-#define STAGE2_BC 64
+#define Br 64
+#define Bc 64
 
 /* ---- tiles ---- */
 
 /* S_ij = scale * Q_i K_j^T for rows i0..i0+br-1 and keys j0..j0+bc-1, masked to -inf above the
  * diagonal when causal. */
-static void stage2_scores(const struct shape *sh, const float *Q, const float *K, int i0, int br, int j0,
+static void scores(const struct shape *sh, const float *Q, const float *K, int i0, int br, int j0,
                           int bc, float *S_ij)
 {
     for (int r = 0; r < br; r++)
         for (int c = 0; c < bc; c++) {
             int i = i0 + r, j = j0 + c;
-            float *s = &S_ij[r * STAGE2_BC + c];
+            float *s = &S_ij[r * Bc + c];
             if (sh->causal && j > i) { *s = -INFINITY; continue; }
             const float *q = Q + (size_t)i * sh->d, *k = K + (size_t)j * sh->d;
             float dot = 0;
@@ -40,22 +40,22 @@ static void stage2_scores(const struct shape *sh, const float *Q, const float *K
         }
 }
 
-static int stage2_forward(const struct attn_args *a, char *why, size_t n)
+static int forward(const struct attn_args *a, char *why, size_t n)
 {
     (void)why, (void)n;
     const struct shape *sh = &a->sh;
-    int N = sh->N, d = sh->d, Tr = CEIL_DIV(N, STAGE2_BR);
+    int N = sh->N, d = sh->d, Tr = CEIL_DIV(N, Br);
     long tiles = (long)sh->B * sh->H * Tr;
 #pragma omp parallel
     {
         /* per-thread scratch: one tile of S, the O_i accumulator, m_i and l_i */
-        float *S_ij = mem_alloc(sizeof(float) * STAGE2_BR * STAGE2_BC);
-        float *O_i = mem_alloc(sizeof(float) * STAGE2_BR * d);
-        float m_i[STAGE2_BR], l_i[STAGE2_BR];
+        float *S_ij = mem_alloc(sizeof(float) * Br * Bc);
+        float *O_i = mem_alloc(sizeof(float) * Br * d);
+        float m_i[Br], l_i[Br];
 #pragma omp for schedule(dynamic)
         for (long t = 0; t < tiles; t++) {
-            int bh = (int)(t / Tr), i0 = (int)(t % Tr) * STAGE2_BR;
-            int br = N - i0 < STAGE2_BR ? N - i0 : STAGE2_BR;
+            int bh = (int)(t / Tr), i0 = (int)(t % Tr) * Br;
+            int br = N - i0 < Br ? N - i0 : Br;
             size_t off = (size_t)bh * N * d;
             const float *Q = (const float *)a->Q + off, *K = (const float *)a->K + off;
             const float *V = (const float *)a->V + off;
@@ -64,22 +64,22 @@ static int stage2_forward(const struct attn_args *a, char *why, size_t n)
 
             /* pass 1: m_i = max over all K tiles of rowmax(S_ij) */
             for (int r = 0; r < br; r++) m_i[r] = -INFINITY;
-            for (int j0 = 0; j0 < kend; j0 += STAGE2_BC) {
-                int bc = kend - j0 < STAGE2_BC ? kend - j0 : STAGE2_BC;
-                stage2_scores(sh, Q, K, i0, br, j0, bc, S_ij);
+            for (int j0 = 0; j0 < kend; j0 += Bc) {
+                int bc = kend - j0 < Bc ? kend - j0 : Bc;
+                scores(sh, Q, K, i0, br, j0, bc, S_ij);
                 for (int r = 0; r < br; r++)
-                    for (int c = 0; c < bc; c++) m_i[r] = fmaxf(m_i[r], S_ij[r * STAGE2_BC + c]);
+                    for (int c = 0; c < bc; c++) m_i[r] = fmaxf(m_i[r], S_ij[r * Bc + c]);
             }
 
             /* pass 2: P_ij = exp(S_ij - m_i), l_i += rowsum(P_ij), O_i += P_ij V_j */
             for (int r = 0; r < br; r++) l_i[r] = 0;
             for (int e = 0; e < br * d; e++) O_i[e] = 0;
-            for (int j0 = 0; j0 < kend; j0 += STAGE2_BC) {
-                int bc = kend - j0 < STAGE2_BC ? kend - j0 : STAGE2_BC;
-                stage2_scores(sh, Q, K, i0, br, j0, bc, S_ij); /* recomputed: the two-pass price */
+            for (int j0 = 0; j0 < kend; j0 += Bc) {
+                int bc = kend - j0 < Bc ? kend - j0 : Bc;
+                scores(sh, Q, K, i0, br, j0, bc, S_ij); /* recomputed: the two-pass price */
                 for (int r = 0; r < br; r++)
                     for (int c = 0; c < bc; c++) {
-                        float p = expf(S_ij[r * STAGE2_BC + c] - m_i[r]); /* 0 where masked */
+                        float p = expf(S_ij[r * Bc + c] - m_i[r]); /* 0 where masked */
                         l_i[r] += p;
                         const float *v = V + (size_t)(j0 + c) * d;
                         for (int e = 0; e < d; e++) O_i[r * d + e] += p * v[e];
@@ -104,7 +104,7 @@ const struct stage stage2_desc = {
     .name = "stage2",
     .idea = "tiled CPU: Q row tiles x K/V tiles, softmax in two passes, O(tile) memory",
     .device = ON_CPU,
-    .forward = stage2_forward,
+    .forward = forward,
     .dims = {0}, /* any head dim */
     .dtypes = DT_F32,
     .openmp = 1,

@@ -17,20 +17,20 @@
 
 /* ---- configuration ---- */
 /* 64 x 64 fp32 tile of S is 16 KiB: it and a Br x d accumulator stay in a core's L1/L2. */
-#define STAGE3_BR 64
-#define STAGE3_BC 64
+#define Br 64
+#define Bc 64
 
 /* ---- tiles ---- */
 
 /* S_ij = scale * Q_i K_j^T for rows i0..i0+br-1 and keys j0..j0+bc-1, masked to -inf above the
  * diagonal when causal. */
-static void stage3_scores(const struct shape *sh, const float *Q, const float *K, int i0, int br, int j0,
+static void scores(const struct shape *sh, const float *Q, const float *K, int i0, int br, int j0,
                           int bc, float *S_ij)
 {
     for (int r = 0; r < br; r++)
         for (int c = 0; c < bc; c++) {
             int i = i0 + r, j = j0 + c;
-            float *s = &S_ij[r * STAGE3_BC + c];
+            float *s = &S_ij[r * Bc + c];
             if (sh->causal && j > i) { *s = -INFINITY; continue; }
             const float *q = Q + (size_t)i * sh->d, *k = K + (size_t)j * sh->d;
             float dot = 0;
@@ -39,23 +39,23 @@ static void stage3_scores(const struct shape *sh, const float *Q, const float *K
         }
 }
 
-static int stage3_forward(const struct attn_args *a, char *why, size_t n)
+static int forward(const struct attn_args *a, char *why, size_t n)
 {
     (void)why, (void)n;
     const struct shape *sh = &a->sh;
-    int N = sh->N, d = sh->d, Tr = CEIL_DIV(N, STAGE3_BR);
+    int N = sh->N, d = sh->d, Tr = CEIL_DIV(N, Br);
     long tiles = (long)sh->B * sh->H * Tr;
 #pragma omp parallel
     {
         /* per-thread scratch: one tile of S (P~ in place), the O_i accumulator, m_i and l_i */
-        float *S_ij = mem_alloc(sizeof(float) * STAGE3_BR * STAGE3_BC);
-        float *O_i = mem_alloc(sizeof(float) * STAGE3_BR * d);
+        float *S_ij = mem_alloc(sizeof(float) * Br * Bc);
+        float *O_i = mem_alloc(sizeof(float) * Br * d);
         float *PV = mem_alloc(sizeof(float) * d);
-        float m_i[STAGE3_BR], l_i[STAGE3_BR];
+        float m_i[Br], l_i[Br];
 #pragma omp for schedule(dynamic)
         for (long t = 0; t < tiles; t++) {
-            int bh = (int)(t / Tr), i0 = (int)(t % Tr) * STAGE3_BR;
-            int br = N - i0 < STAGE3_BR ? N - i0 : STAGE3_BR;
+            int bh = (int)(t / Tr), i0 = (int)(t % Tr) * Br;
+            int br = N - i0 < Br ? N - i0 : Br;
             size_t off = (size_t)bh * N * d;
             const float *Q = (const float *)a->Q + off, *K = (const float *)a->K + off;
             const float *V = (const float *)a->V + off;
@@ -63,11 +63,11 @@ static int stage3_forward(const struct attn_args *a, char *why, size_t n)
 
             for (int r = 0; r < br; r++) m_i[r] = -INFINITY, l_i[r] = 0;
             for (int e = 0; e < br * d; e++) O_i[e] = 0;
-            for (int j0 = 0; j0 < kend; j0 += STAGE3_BC) {
-                int bc = kend - j0 < STAGE3_BC ? kend - j0 : STAGE3_BC;
-                stage3_scores(sh, Q, K, i0, br, j0, bc, S_ij);
+            for (int j0 = 0; j0 < kend; j0 += Bc) {
+                int bc = kend - j0 < Bc ? kend - j0 : Bc;
+                scores(sh, Q, K, i0, br, j0, bc, S_ij);
                 for (int r = 0; r < br; r++) {
-                    float *S_r = S_ij + r * STAGE3_BC;
+                    float *S_r = S_ij + r * Bc;
                     float m_tile = -INFINITY; /* m~_ij = rowmax(S_ij) */
                     for (int c = 0; c < bc; c++) m_tile = fmaxf(m_tile, S_r[c]);
                     if (m_tile == -INFINITY) continue; /* every key masked for this row: nothing to add */
@@ -107,7 +107,7 @@ const struct stage stage3_desc = {
     .name = "stage3",
     .idea = "online softmax: one pass, running max m and sum l, O rescaled per K/V tile",
     .device = ON_CPU,
-    .forward = stage3_forward,
+    .forward = forward,
     .dims = {0}, /* any head dim */
     .dtypes = DT_F32,
     .openmp = 1,

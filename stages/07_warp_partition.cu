@@ -18,6 +18,7 @@
 #include "common/attn.h"
 #include "common/cuda/counters.cuh"
 #include "common/cuda/cuda_check.h"
+#include "common/cuda/defs.cuh"
 #include "common/cuda/launch.cuh"
 #include "common/cuda/mma.cuh"
 
@@ -25,71 +26,68 @@
 #include <math.h>
 #include <stdio.h>
 
+namespace {
+
 /* ---- configuration ---- */
 
-#define LOG2E 1.4426950408889634f /* exp(x) = exp2(x * LOG2E) */
-#define LN2 0.6931471805599453f   /* log(x) = log2(x) * LN2: turns m (log2 domain) back into nats */
-#define WARP_SIZE 32
-#define FULL_MASK 0xffffffffu
-
 /* Eight warps per block. With split Q each warp owns ROWS_PER_WARP = 16 rows of Q_i, one m16 tile
- * of the mma, so Br = 128; Bc stays 64. Per thread that is 16 x D / 32 fp32 of O_i (64 registers
- * at D = 128) and 16 x Bc / 32 of S_ij (32): well inside the 255 a thread may use. The shared
- * memory is Q_i, K_j, V_j alone: 68 KiB at D = 128 (stage 6 needed 112 KiB for a Q tile of 32). */
-static constexpr int NWARPS = 8;
-static constexpr int NTHREADS = NWARPS * WARP_SIZE;
-static constexpr int ROWS_PER_WARP = 16;                 /* one m16 tile of the mma */
-static constexpr int Br = NWARPS * ROWS_PER_WARP;        /* 128 query rows per Q tile */
-static constexpr int Bc = 64;                            /* keys per K/V tile */
+ * of the mma, so Br = 128; Bc stays 64. Per thread that is 16 x HeadDim / 32 fp32 of O_i (64 registers
+ * at HeadDim = 128) and 16 x Bc / 32 of S_ij (32): well inside the 255 a thread may use. The shared
+ * memory is Q_i, K_j, V_j alone: 68 KiB at HeadDim = 128 (stage 6 needed 112 KiB for a Q tile of 32). */
+constexpr int NWARPS = 8;
+constexpr int NTHREADS = NWARPS * WARP_SIZE;
+constexpr int ROWS_PER_WARP = 16;                 /* one m16 tile of the mma */
+constexpr int Br = NWARPS * ROWS_PER_WARP;        /* 128 query rows per Q tile */
+constexpr int Bc = 64;                            /* keys per K/V tile */
 
 static_assert(Bc % 16 == 0, "K_j must be whole k16 steps of the P_ij V_j product");
 
-/* Shared-memory row padding against bank conflicts: a row of D halves is a multiple of 128
+/* Shared-memory row padding against bank conflicts: a row of HeadDim halves is a multiple of 128
  * bytes, so the 8 rows one ldmatrix reads would all start in the same bank. +8 halves (16 bytes)
  * moves each row 4 banks on: the 8 rows cover all 32 banks, and rows stay 16-byte aligned for
  * cp.async and ldmatrix. */
-static constexpr int HALF_PAD = 8;
+constexpr int HALF_PAD = 8;
 
 /* Dynamic shared memory, computed from the tile sizes (byte offsets, then the total): only the
  * three input tiles now. */
-template <int D>
-struct stage7_smem {
-    static constexpr int LDH = D + HALF_PAD;   /* row stride of K_j, V_j, Q_i (halves) */
+template <int HeadDim>
+struct smem_layout {
+    static constexpr int LDH = HeadDim + HALF_PAD;   /* row stride of K_j, V_j, Q_i (halves) */
     static constexpr size_t K_j = 0;                                               /* [Bc][LDH] fp16 */
     static constexpr size_t V_j = K_j + sizeof(__half) * Bc * LDH;                 /* [Bc][LDH] fp16 */
     static constexpr size_t Q_i = V_j + sizeof(__half) * Bc * LDH;                 /* [Br][LDH] fp16 */
     static constexpr size_t bytes = Q_i + sizeof(__half) * Br * LDH;
-    static_assert(D % 16 == 0, "head dim must be whole k16 steps");
+    static_assert(HeadDim % 16 == 0, "head dim must be whole k16 steps");
 };
 
 /* ---- kernel ---- */
 
-/* Rows row0 .. row0+ROWS-1 of one head's [N, D] fp16 matrix into a shared tile with row stride
+/* Rows row0 .. row0+ROWS-1 of one head's [N, HeadDim] fp16 matrix into a shared tile with row stride
  * LDH, 16 bytes per cp.async. Rows at or past N are zero-filled (and never read from HBM). */
-template <int D, int ROWS>
-static __device__ __forceinline__ void stage7_load_tile(__half *tile, const __half *src, int row0, int N)
+template <int HeadDim, int ROWS>
+__device__ __forceinline__ void load_tile(__half *tile, const __half *src, int row0, int N)
 {
-    constexpr int LDH = stage7_smem<D>::LDH;
-    constexpr int CHUNKS = D / 8; /* 16-byte pieces per row */
+    constexpr int LDH = smem_layout<HeadDim>::LDH;
+    constexpr int CHUNKS = HeadDim / 8; /* 16-byte pieces per row */
     for (int c = threadIdx.x; c < ROWS * CHUNKS; c += NTHREADS) {
         const int r = c / CHUNKS, col = (c % CHUNKS) * 8;
         const bool valid = row0 + r < N;
-        const __half *from = src + (size_t)(valid ? row0 + r : 0) * D + col;
+        const __half *from = src + (size_t)(valid ? row0 + r : 0) * HeadDim + col;
         cp_async_16_zfill(tile + r * LDH + col, from, valid);
     }
 }
 
 /* COUNT: the counting build for --counters (common/cuda/counters.cuh); the timed build has none. */
-template <int D, bool COUNT>
-static __global__ void __launch_bounds__(NTHREADS)
+template <int HeadDim, bool COUNT>
+__global__ void __launch_bounds__(NTHREADS)
 stage7_split_q_kernel(const __half *__restrict__ Q, const __half *__restrict__ K, const __half *__restrict__ V,
                       __half *__restrict__ O, float *__restrict__ L, int N, int causal, float scale_log2,
                       unsigned long long *counters)
 {
-    typedef stage7_smem<D> SM;
+    typedef smem_layout<HeadDim> SM;
     constexpr int LDH = SM::LDH;
     constexpr int KT = Bc / 8;   /* n8 key tiles of S_ij */
-    constexpr int DT = D / 8;    /* n8 column tiles of O_i */
+    constexpr int DT = HeadDim / 8;    /* n8 column tiles of O_i */
     extern __shared__ __align__(16) unsigned char smem[];
     __half *K_j = (__half *)(smem + SM::K_j);
     __half *V_j = (__half *)(smem + SM::V_j);
@@ -100,7 +98,7 @@ stage7_split_q_kernel(const __half *__restrict__ Q, const __half *__restrict__ K
     const int row0 = warp * ROWS_PER_WARP;          /* this warp's rows of Q_i, O_i */
 
     /* One block per (batch, head): move every pointer to this head. */
-    const size_t bh = blockIdx.x, head = bh * N * D;
+    const size_t bh = blockIdx.x, head = bh * N * HeadDim;
     Q += head, K += head, V += head, O += head, L += bh * N;
 
     const int Tr = CEIL_DIV(N, Br), Tc = CEIL_DIV(N, Bc);
@@ -111,8 +109,8 @@ stage7_split_q_kernel(const __half *__restrict__ Q, const __half *__restrict__ K
                                                                                      * right of the diagonal skipped */
         /* Q_i: HBM -> shared memory once, read by every inner step: its only load; and the first
          * K_j of the sweep (V_j is fetched at the top of each step, K_{j+1} half way through). */
-        stage7_load_tile<D, Br>(Q_i, Q, i * Br, N);
-        stage7_load_tile<D, Bc>(K_j, K, 0, N);
+        load_tile<HeadDim, Br>(Q_i, Q, i * Br, N);
+        load_tile<HeadDim, Bc>(K_j, K, 0, N);
         cp_async_commit();
 
         /* This lane's rows are row0 + g and row0 + g + 8 (h = 0, 1): their m_i and l_i (the same
@@ -127,13 +125,13 @@ stage7_split_q_kernel(const __half *__restrict__ Q, const __half *__restrict__ K
                               * with V_{j-1}, so its buffer is free */
 
             /* V_j: HBM -> shared memory now, overlapping S_ij and the softmax below */
-            stage7_load_tile<D, Bc>(V_j, V, j * Bc, N);
+            load_tile<HeadDim, Bc>(V_j, V, j * Bc, N);
             cp_async_commit();
 
             /* S_ij = scale * Q_i K_j^T, this warp's 16 rows for all Bc keys. */
             float S_ij[KT][4] = {}; /* [n8 key tile][C fragment] */
 #pragma unroll
-            for (int k = 0; k < D; k += 16) {
+            for (int k = 0; k < HeadDim; k += 16) {
                 uint32_t Qf[4]; /* A fragment: this warp's 16 rows, columns k .. k+15 */
                 ldmatrix_x4(Qf, Q_i + (row0 + (lane & 15)) * LDH + k + ((lane >> 4) << 3));
 #pragma unroll
@@ -208,14 +206,14 @@ stage7_split_q_kernel(const __half *__restrict__ Q, const __half *__restrict__ K
             __syncthreads(); /* V_j in shared memory; every warp is done with K_j, so its buffer is free */
 
             /* K_{j+1}: HBM -> shared memory now, overlapping P_ij V_j */
-            if (j < j_last) stage7_load_tile<D, Bc>(K_j, K, (j + 1) * Bc, N);
+            if (j < j_last) load_tile<HeadDim, Bc>(K_j, K, (j + 1) * Bc, N);
             cp_async_commit();
 
             /* O_i += P_ij V_j, this warp's 16 rows, accumulated in place in fp32 */
 #pragma unroll
             for (int kb = 0; kb < Bc / 16; kb++)
 #pragma unroll
-                for (int n = 0; n < D; n += 16) {
+                for (int n = 0; n < HeadDim; n += 16) {
                     uint32_t Vf[4]; /* B fragments: Vf[0..1] columns n..n+7, Vf[2..3] columns n+8.. */
                     ldmatrix_x4_trans(Vf, V_j + (kb * 16 + (lane & 15)) * LDH + n + ((lane >> 4) << 3));
                     mma_m16n8k16_f16(O_acc[n / 8], P_ij[kb], &Vf[0]);
@@ -235,7 +233,7 @@ stage7_split_q_kernel(const __half *__restrict__ Q, const __half *__restrict__ K
             if (t == 0) tally.add(CNT_ROW_NORMALIZE);
 #pragma unroll
             for (int nt = 0; nt < DT; nt++)
-                *(uint32_t *)&O[(size_t)query * D + nt * 8 + 2 * t] =
+                *(uint32_t *)&O[(size_t)query * HeadDim + nt * 8 + 2 * t] =
                     pack_half2(O_acc[nt][2 * h] * inv_l, O_acc[nt][2 * h + 1] * inv_l);
             if (t == 0) L[query] = m_i[h] * LN2 + logf(l_i[h]);
         }
@@ -248,7 +246,7 @@ stage7_split_q_kernel(const __half *__restrict__ Q, const __half *__restrict__ K
 /* The HBM bytes the loop structure moves, walking the (i, j) steps the kernel takes (rows past N
  * are zero-filled, never read): Q_i once; K_j, V_j on every step; O (fp16) and L once. Nothing
  * else: O_i, m_i, l_i never leave the chip. */
-static void stage7_hbm_traffic(const struct shape *sh, struct hbm_traffic *t)
+void hbm_bytes(const struct shape *sh, struct hbm_traffic *t)
 {
     const int N = sh->N, Tr = CEIL_DIV(N, Br), Tc = CEIL_DIV(N, Bc);
     double kv_rows = 0; /* per head: K (and V) rows read */
@@ -265,43 +263,45 @@ static void stage7_hbm_traffic(const struct shape *sh, struct hbm_traffic *t)
     t->q_reads = 1;
 }
 
-template <int D, bool COUNT>
-static int stage7_launch(const struct attn_args *a, char *why, size_t n)
+template <int HeadDim, bool COUNT>
+int launch(const struct attn_args *a, char *why, size_t n)
 {
-    const size_t smem = stage7_smem<D>::bytes;
-    if (smem_optin(stage7_split_q_kernel<D, COUNT>, smem, "stage7", D, why, n)) return 1;
+    const size_t smem = smem_layout<HeadDim>::bytes;
+    if (int rc = smem_optin(stage7_split_q_kernel<HeadDim, COUNT>, smem, HeadDim, why, n)) return rc;
 
     const struct shape *sh = &a->sh;
     const dim3 grid(sh->B * sh->H); /* still one block per (batch, head) */
     const dim3 block(NTHREADS);
-    stage7_split_q_kernel<D, COUNT><<<grid, block, smem>>>((const __half *)a->Q, (const __half *)a->K,
+    stage7_split_q_kernel<HeadDim, COUNT><<<grid, block, smem>>>((const __half *)a->Q, (const __half *)a->K,
                                                            (const __half *)a->V, (__half *)a->O, a->L, sh->N,
                                                            sh->causal, sh->scale * LOG2E, a->counters);
     CUDA_TRY(cudaGetLastError());
     return 0;
 }
 
-static int stage7_forward(const struct attn_args *a, char *why, size_t n)
+int forward(const struct attn_args *a, char *why, size_t n)
 {
     if (a->dtype != DT_F16 || (a->sh.d != 64 && a->sh.d != 128)) {
-        snprintf(why, n, "stage7 supports fp16 with head dim 64 or 128 (got %s, d=%d)",
+        snprintf(why, n, "supports fp16 with head dim 64 or 128 (got %s, d=%d)",
                  dtype_name(a->dtype), a->sh.d);
-        return 1;
+        return ATTN_UNSUPPORTED;
     }
-    if (a->counters) return a->sh.d == 64 ? stage7_launch<64, true>(a, why, n) : stage7_launch<128, true>(a, why, n);
-    return a->sh.d == 64 ? stage7_launch<64, false>(a, why, n) : stage7_launch<128, false>(a, why, n);
+    if (a->counters) return a->sh.d == 64 ? launch<64, true>(a, why, n) : launch<128, true>(a, why, n);
+    return a->sh.d == 64 ? launch<64, false>(a, why, n) : launch<128, false>(a, why, n);
 }
+
+} // namespace
 
 extern "C" const struct stage stage7_desc = {
     .name = "stage7",
     .idea = "split Q: each warp owns 16 rows end to end; no shared-memory exchange, P stays in registers",
     .device = ON_GPU,
-    .forward = stage7_forward,
+    .forward = forward,
     .backward = NULL,
     .dims = {64, 128},
     .dtypes = DT_F16,
     .workspace_bytes = NULL,
     .openmp = 0,
-    .hbm_traffic = stage7_hbm_traffic,
+    .hbm_traffic = hbm_bytes,
     .measures_backward = 0,
 };

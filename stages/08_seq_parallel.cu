@@ -1,414 +1,307 @@
-/* 08_seq_parallel.cu: FlashAttention-2 forward, parallel over the sequence (FA-2 paper, section 3.2)
+/* 08_seq_parallel.cu: FlashAttention forward, parallel over the sequence (FA-2 paper, section 3.2)
  *
  * Changed from stage 7: the grid is (batch * heads) x (Q tiles): one block per Q tile instead of
- *   one per head, so a single head of a long sequence fills the GPU. With a causal mask a block
- *   never visits the K/V tiles wholly right of the diagonal, masks only the tiles that need it,
- *   and the heaviest Q tiles (the last ones, which see the most keys) are launched first.
- *   Then the engineering that makes it FlashAttention-2's speed, each step measured in
- *   notes/08_seq_parallel.md:
- *   - K_{j+1} and V_{j+1} are copied (cp.async) into a second buffer while tile j computes:
- *     one barrier per K/V step instead of two, and every load has a whole step to arrive;
- *   - shared-memory tiles are unpadded and swizzled (16-byte chunks XOR-permuted by row), so
- *     cp.async writes and ldmatrix reads are free of bank conflicts;
- *   - scores stay raw: exp(scale * s - scale * m) is one FFMA and one exp2, with scale * log2(e)
- *     folded into one constant; row sums stay per thread until the end;
- *   - tile sizes and warps per block chosen per head dim (configuration below); each warp owns 32
- *     rows where registers allow, so every K and V fragment it loads feeds two mma;
- *   - O leaves through shared memory (each warp's own rows of the Q tile) in 16-byte stores.
- *   fp16 and bf16 (one kernel, the element type a template parameter); d = 32, 64, 128, 256.
+ *   one per (batch, head), and the kernel's loop over Q tiles is gone. Each block sweeps the K/V
+ *   tiles for its one Q tile exactly as stage 7's loop body did; with a causal mask it stops at
+ *   the tile holding its last row, as before. The blocks of the heaviest Q tiles (the last
+ *   ones, which see the most keys when causal) are launched first. Nothing else changes.
+ * Why: stage 7 runs one block per (batch, head). At B * H = 16 (N = 16384, d = 128 on the
+ *   benchmark grid) that is 16 busy SMs out of 132, and a single head runs on one SM whatever
+ *   its length. Stage 7's Q tiles are already independent (each owns its O_i, m_i, l_i), so
+ *   giving each its own block costs nothing and multiplies the blocks by N / Br.
  * Measured on H200: see notes/08_seq_parallel.md.
  * Run: ./stage8 --batch 1 --heads 1 --seqlen 16384 --dim 128 --causal
  */
 #include "common/attn.h"
 #include "common/cuda/counters.cuh"
 #include "common/cuda/cuda_check.h"
+#include "common/cuda/defs.cuh"
 #include "common/cuda/launch.cuh"
 #include "common/cuda/mma.cuh"
 
-#include <algorithm>
-#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math.h>
 #include <stdio.h>
 
+namespace {
+
 /* ---- configuration ---- */
 
-#define LOG2E 1.4426950408889634f /* exp(x) = exp2(x * LOG2E) */
-#define LN2 0.6931471805599453f   /* log(x) = log2(x) * LN2 */
-#define WARP_SIZE 32
-#define FULL_MASK 0xffffffffu
+/* Eight warps per block. With split Q each warp owns ROWS_PER_WARP = 16 rows of Q_i, one m16 tile
+ * of the mma, so Br = 128; Bc stays 64. Per thread that is 16 x HeadDim / 32 fp32 of O_i (64 registers
+ * at HeadDim = 128) and 16 x Bc / 32 of S_ij (32): well inside the 255 a thread may use. The shared
+ * memory is Q_i, K_j, V_j alone: 68 KiB at HeadDim = 128 (stage 6 needed 112 KiB for a Q tile of 32). */
+constexpr int NWARPS = 8;
+constexpr int NTHREADS = NWARPS * WARP_SIZE;
+constexpr int ROWS_PER_WARP = 16;                 /* one m16 tile of the mma */
+constexpr int Br = NWARPS * ROWS_PER_WARP;        /* 128 query rows per Q tile */
+constexpr int Bc = 64;                            /* keys per K/V tile */
 
-/* Per head dim: NWARPS warps, each owning M_TILES m16 tiles (16 * M_TILES rows) of the Q tile, and
- * K/V tiles of Bc keys. Per thread a warp's rows hold M_TILES * D / 2 fp32 of O_i and
- * M_TILES * Bc / 2 of S_ij; the sum must stay well under the 255 registers a thread may use, or
- * the kernel spills (check with -Xptxas -v). Two rows' tiles per warp (M_TILES = 2) halve the
- * shared-memory reads per mma: each K or V fragment serves both. */
-template <int D>
-struct stage8_cfg;
-template <>
-struct stage8_cfg<32> { static constexpr int NWARPS = 4, M_TILES = 2, Bc = 128, Bs = 128; };  /* O 32 + S 128 */
-template <>
-struct stage8_cfg<64> { static constexpr int NWARPS = 4, M_TILES = 2, Bc = 128, Bs = 128; };  /* O 64 + S 128 */
-template <>
-struct stage8_cfg<128> { static constexpr int NWARPS = 4, M_TILES = 2, Bc = 64, Bs = 32; };  /* O 128 + S 32 */
-template <>
-struct stage8_cfg<256> { static constexpr int NWARPS = 4, M_TILES = 1, Bc = 64, Bs = 64; };  /* O 128 + S 32 */
+static_assert(Bc % 16 == 0, "K_j must be whole k16 steps of the P_ij V_j product");
 
-/* Everything derived from the configuration: tile sizes and the shared-memory layout. */
-template <int D>
-struct stage8_tiles {
-    typedef stage8_cfg<D> C;
-    static constexpr int NWARPS = C::NWARPS, M_TILES = C::M_TILES, Bc = C::Bc, Bs = C::Bs;
-    static constexpr int NTHREADS = NWARPS * WARP_SIZE;
-    static constexpr int ROWS_PER_WARP = 16 * M_TILES;
-    static constexpr int Br = NWARPS * ROWS_PER_WARP;
-    /* Q_i [Br][D], then two buffers of K_j [Bc][D] and V_j [Bc][D], all 16-bit, swizzled */
-    static constexpr size_t Q_i = 0;
-    static constexpr size_t K_j = Q_i + 2 * (size_t)Br * D;
-    static constexpr size_t V_j = K_j + 2 * 2 * (size_t)Bc * D;
-    static constexpr size_t bytes = V_j + 2 * 2 * (size_t)Bc * D;
-    static_assert(D % 16 == 0 && D >= 32, "head dim must be whole k16 steps, and at least 32 (swizzle)");
-    static_assert(Bs % 16 == 0 && Bc % Bs == 0, "sub-tiles must be whole k16 steps of P_ij V_j and divide Bc");
+/* Shared-memory row padding against bank conflicts: a row of HeadDim halves is a multiple of 128
+ * bytes, so the 8 rows one ldmatrix reads would all start in the same bank. +8 halves (16 bytes)
+ * moves each row 4 banks on: the 8 rows cover all 32 banks, and rows stay 16-byte aligned for
+ * cp.async and ldmatrix. */
+constexpr int HALF_PAD = 8;
+
+/* Dynamic shared memory, computed from the tile sizes (byte offsets, then the total): only the
+ * three input tiles now. */
+template <int HeadDim>
+struct smem_layout {
+    static constexpr int LDH = HeadDim + HALF_PAD;   /* row stride of K_j, V_j, Q_i (halves) */
+    static constexpr size_t K_j = 0;                                               /* [Bc][LDH] fp16 */
+    static constexpr size_t V_j = K_j + sizeof(__half) * Bc * LDH;                 /* [Bc][LDH] fp16 */
+    static constexpr size_t Q_i = V_j + sizeof(__half) * Bc * LDH;                 /* [Br][LDH] fp16 */
+    static constexpr size_t bytes = Q_i + sizeof(__half) * Br * LDH;
+    static_assert(HeadDim % 16 == 0, "head dim must be whole k16 steps");
 };
 
 /* ---- kernel ---- */
 
-/* The swizzle. A tile row of D 16-bit elements is D / 8 chunks of 16 bytes. ldmatrix reads one
- * chunk from each of 8 consecutive rows; unpadded, those 8 chunks would sit in the same banks
- * (D = 64: rows 128 bytes apart). Storing logical chunk c of row r at chunk c ^ f(r), where f(r)
- * takes 8 different values over any 8 consecutive rows' 128-byte lines, puts them in 8 different
- * 16-byte bank groups. D >= 64: f(r) = r mod 8. D = 32 (two rows per 128-byte line):
- * f(r) = (r / 2) mod 4, and the two rows sharing a line differ in their half of it. */
-template <int D>
-static __device__ __forceinline__ int stage8_swz(int row, int chunk)
+/* Rows row0 .. row0+ROWS-1 of one head's [N, HeadDim] fp16 matrix into a shared tile with row stride
+ * LDH, 16 bytes per cp.async. Rows at or past N are zero-filled (and never read from HBM). */
+template <int HeadDim, int ROWS>
+__device__ __forceinline__ void load_tile(__half *tile, const __half *src, int row0, int N)
 {
-    constexpr int CHUNKS = D / 8;
-    const int f = CHUNKS >= 8 ? (row & 7) : ((row / (8 / CHUNKS)) & (CHUNKS - 1));
-    return row * D + ((chunk ^ f) << 3); /* element offset */
-}
-
-/* ldmatrix addresses, in 32-bit shared-memory bytes. A lane's address for logical (row, chunk) is
- * split into a part that depends on the lane (computed once: stage8_lane_addr) and a compile-time
- * step (stage8_step) of whole 8-row groups and an even number of chunks. Because the step keeps
- * row mod 8 and adds no carry into the swizzled chunk bits, it is an XOR of constant bits plus a
- * constant: each ldmatrix costs one or two integer instructions, and the kernel does not keep one
- * register per fragment address (it runs at the 255-register limit). */
-template <int D>
-static __device__ __forceinline__ unsigned stage8_lane_addr(unsigned tile, int row, int chunk)
-{
-    return tile + 2 * stage8_swz<D>(row, chunk);
-}
-template <int D>
-static __device__ __forceinline__ unsigned stage8_step(unsigned lane_addr, int rows, int chunks)
-{
-    constexpr int LINE = D / 8 >= 8 ? 8 : D / 8; /* chunks the swizzle permutes together */
-    return (lane_addr ^ ((chunks % LINE) << 4)) + rows * D * 2 + (chunks / LINE) * 16 * LINE;
-}
-
-/* Rows row0 .. row0+ROWS-1 of one head's [N, D] matrix into a swizzled shared tile, 16 bytes per
- * cp.async. Rows at or past N are zero-filled (and never read from HBM). */
-template <typename T, int D, int ROWS, int NTHREADS>
-static __device__ __forceinline__ void stage8_load_tile(T *tile, const T *src, int row0, int N)
-{
-    constexpr int CHUNKS = D / 8;
+    constexpr int LDH = smem_layout<HeadDim>::LDH;
+    constexpr int CHUNKS = HeadDim / 8; /* 16-byte pieces per row */
     for (int c = threadIdx.x; c < ROWS * CHUNKS; c += NTHREADS) {
-        const int r = c / CHUNKS, chunk = c % CHUNKS;
+        const int r = c / CHUNKS, col = (c % CHUNKS) * 8;
         const bool valid = row0 + r < N;
-        const T *from = src + (size_t)(valid ? row0 + r : 0) * D + chunk * 8;
-        cp_async_16_zfill(tile + stage8_swz<D>(r, chunk), from, valid);
+        const __half *from = src + (size_t)(valid ? row0 + r : 0) * HeadDim + col;
+        cp_async_16_zfill(tile + r * LDH + col, from, valid);
     }
 }
 
 /* COUNT: the counting build for --counters (common/cuda/counters.cuh); the timed build has none. */
-template <typename T, int D, bool COUNT>
-static __global__ void __launch_bounds__(stage8_tiles<D>::NTHREADS)
-stage8_seq_parallel_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__restrict__ V,
-                           T *__restrict__ O, float *__restrict__ L, int N, int causal, float scale_log2,
-                           unsigned long long *counters)
+template <int HeadDim, bool COUNT>
+__global__ void __launch_bounds__(NTHREADS)
+stage8_seq_parallel_kernel(const __half *__restrict__ Q, const __half *__restrict__ K, const __half *__restrict__ V,
+                      __half *__restrict__ O, float *__restrict__ L, int N, int causal, float scale_log2,
+                      unsigned long long *counters)
 {
-    typedef stage8_tiles<D> TL;
-    typedef mma16<T> M;
-    constexpr int NTHREADS = TL::NTHREADS, M_TILES = TL::M_TILES, Br = TL::Br, Bc = TL::Bc;
-    constexpr int Bs = TL::Bs;
-    constexpr int KT = Bs / 8; /* n8 key tiles of S_ij */
-    constexpr int DT = D / 8;  /* n8 column tiles of O_i */
-    extern __shared__ __align__(128) unsigned char smem[];
-    T *Q_i = (T *)(smem + TL::Q_i);
-    T *K_buf = (T *)(smem + TL::K_j); /* [2][Bc][D] */
-    T *V_buf = (T *)(smem + TL::V_j); /* [2][Bc][D] */
+    typedef smem_layout<HeadDim> SM;
+    constexpr int LDH = SM::LDH;
+    constexpr int KT = Bc / 8;   /* n8 key tiles of S_ij */
+    constexpr int DT = HeadDim / 8;    /* n8 column tiles of O_i */
+    extern __shared__ __align__(16) unsigned char smem[];
+    __half *K_j = (__half *)(smem + SM::K_j);
+    __half *V_j = (__half *)(smem + SM::V_j);
+    __half *Q_i = (__half *)(smem + SM::Q_i);
 
     const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
-    const int g = lane >> 2, t = lane & 3;      /* groupID, tid_in_group (see mma.cuh) */
-    const int row0 = warp * TL::ROWS_PER_WARP;  /* this warp's rows of Q_i, O_i */
-    /* this lane's ldmatrix addresses at the first fragment of each operand (see stage8_step) */
-    const unsigned Q_lane = stage8_lane_addr<D>((unsigned)__cvta_generic_to_shared(Q_i), row0 + (lane & 15), lane >> 4);
-    const unsigned K_lane = stage8_lane_addr<D>((unsigned)__cvta_generic_to_shared(K_buf),
-                                                (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
-    const unsigned V_lane = stage8_lane_addr<D>((unsigned)__cvta_generic_to_shared(V_buf), lane & 15, lane >> 4);
-    constexpr unsigned TILE_BYTES = 2 * Bc * D; /* one K (or V) buffer */
+    const int g = lane >> 2, t = lane & 3;          /* groupID, tid_in_group (see mma.cuh) */
+    const int row0 = warp * ROWS_PER_WARP;          /* this warp's rows of Q_i, O_i */
 
     /* The grid: x = (batch, head), y = Q tile. Blocks start in linear order (x fastest), so with a
      * causal mask y = 0 takes the last Q tile, which sees the most K/V tiles: the longest blocks
-     * start first and the short ones fill in at the end. */
-    const int Tr = gridDim.y;
+     * start first and the short ones fill in at the end. Move every pointer to this head. */
+    const int Tr = gridDim.y, Tc = CEIL_DIV(N, Bc);
     const int i = causal ? Tr - 1 - (int)blockIdx.y : (int)blockIdx.y;
-    const size_t bh = blockIdx.x, head = bh * N * D;
+    const size_t bh = blockIdx.x, head = bh * N * HeadDim;
     Q += head, K += head, V += head, O += head, L += bh * N;
-    const int q0 = i * Br; /* first query row of this tile */
-    /* K/V tiles this Q tile sees: all of them, or (causal) up to the one holding its last row */
-    const int Tc = CEIL_DIV(N, Bc);
-    const int n_tiles = causal ? min(Tc, (min(q0 + Br, N) - 1) / Bc + 1) : Tc;
     work_tally<COUNT> tally;
 
-    /* Q_i, K_0 and V_0: one cp.async group. */
-    stage8_load_tile<T, D, Br, NTHREADS>(Q_i, Q, q0, N);
-    stage8_load_tile<T, D, Bc, NTHREADS>(K_buf, K, 0, N);
-    stage8_load_tile<T, D, Bc, NTHREADS>(V_buf, V, 0, N);
+    const int j_last = causal ? min(Tc - 1, ((i + 1) * Br - 1) / Bc) : Tc - 1; /* causal: K/V tiles wholly
+                                                                                 * right of the diagonal skipped */
+    /* Q_i: HBM -> shared memory once, read by every inner step: its only load; and the first
+     * K_j of the sweep (V_j is fetched at the top of each step, K_{j+1} half way through). */
+    load_tile<HeadDim, Br>(Q_i, Q, i * Br, N);
+    load_tile<HeadDim, Bc>(K_j, K, 0, N);
     cp_async_commit();
 
-    /* This lane's rows are row0 + 16 mt + 8 h + g (mt < M_TILES, h = 0, 1). m_i is the running
-     * max of the raw scores (not yet scaled); l_i is this lane's part of the row sum (its 2 of
-     * every 8 columns), added across the quad only at the end. */
-    float O_acc[M_TILES][DT][4] = {};
-    float m_i[M_TILES][2], l_i[M_TILES][2];
-#pragma unroll
-    for (int mt = 0; mt < M_TILES; mt++) m_i[mt][0] = m_i[mt][1] = -INFINITY, l_i[mt][0] = l_i[mt][1] = 0.f;
+    /* This lane's rows are row0 + g and row0 + g + 8 (h = 0, 1): their m_i and l_i (the same
+     * in all four lanes of the quad), and their pieces of O_i as C fragments. All of it stays
+     * in this warp's registers for the whole sweep. */
+    float O_acc[DT][4] = {};  /* [n8 column tile][C fragment]: (row g + 8h, column 8nt + 2t + e) */
+    float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};
 
-    for (int j = 0; j < n_tiles; j++) {
+    for (int j = 0; j <= j_last; j++) {
         cp_async_wait<0>();
-        __syncthreads(); /* K_j, V_j (and Q_i) in shared memory; every warp is done with tile j-1,
-                          * so its buffer is free for tile j+1 */
-        if (j + 1 < n_tiles) { /* tile j+1 copies while tile j computes */
-            const int b = (j + 1) & 1;
-            stage8_load_tile<T, D, Bc, NTHREADS>(K_buf + b * Bc * D, K, (j + 1) * Bc, N);
-            stage8_load_tile<T, D, Bc, NTHREADS>(V_buf + b * Bc * D, V, (j + 1) * Bc, N);
-        }
+        __syncthreads(); /* K_j (and Q_i on the first step) in shared memory; every warp is done
+                          * with V_{j-1}, so its buffer is free */
+
+        /* V_j: HBM -> shared memory now, overlapping S_ij and the softmax below */
+        load_tile<HeadDim, Bc>(V_j, V, j * Bc, N);
         cp_async_commit();
-        const unsigned K_j = K_lane + (j & 1) * TILE_BYTES, V_j = V_lane + (j & 1) * TILE_BYTES;
 
-        /* The tile in sub-tiles of Bs keys (Bs = Bc where registers allow): scores, softmax and
-         * P_ij V_j for each in turn, so only Bs / 2 scores per row tile are live at once. Not
-         * unrolled: unrolled, the compiler overlaps two sub-tiles and runs out of registers. */
-#pragma unroll 1
-        for (int sb = 0; sb < Bc; sb += Bs) {
-            const int key0 = j * Bc + sb; /* first key of this sub-tile */
-            /* S_ij = Q_i K_j^T (raw: the scale is applied inside the exponential), this warp's rows */
-            float S_ij[M_TILES][KT][4] = {};
-    #pragma unroll
-            for (int k = 0; k < D; k += 16) {
-                uint32_t Qf[M_TILES][4]; /* A fragments: rows 16 mt .. +15, columns k .. k+15 */
-    #pragma unroll
-                for (int mt = 0; mt < M_TILES; mt++)
-                    ldmatrix_x4_at(Qf[mt], stage8_step<D>(Q_lane, mt * 16, k / 8));
-    #pragma unroll
-                for (int kb = 0; kb < Bs / 16; kb++) {
-                    uint32_t Kf[4]; /* B fragments: Kf[0..1] keys 16kb .. +7, Kf[2..3] keys 16kb+8 .. +15 */
-                    ldmatrix_x4_at(Kf, stage8_step<D>(K_j, sb + kb * 16, k / 8));
-    #pragma unroll
-                    for (int mt = 0; mt < M_TILES; mt++) {
-                        M::mma(S_ij[mt][2 * kb], Qf[mt], &Kf[0]);
-                        M::mma(S_ij[mt][2 * kb + 1], Qf[mt], &Kf[2]);
-                    }
-                }
-            }
-
-            /* Masks, only on the tiles that need them: the tail tile (keys past N) and, when causal,
-             * the tiles that cross the diagonal (some key after some query of this tile). */
-            if (key0 + Bs > N || (causal && key0 + Bs - 1 > q0)) {
-    #pragma unroll
-                for (int mt = 0; mt < M_TILES; mt++)
-    #pragma unroll
-                    for (int nt = 0; nt < KT; nt++)
-    #pragma unroll
-                        for (int c = 0; c < 4; c++) {
-                            const int key = key0 + nt * 8 + 2 * t + (c & 1);
-                            const int query = q0 + row0 + mt * 16 + 8 * (c >> 1) + g;
-                            if (key >= N || (causal && key > query)) S_ij[mt][nt][c] = -INFINITY;
-                        }
-            }
-
-            /* The online softmax per row, in registers (stage 7's, with the scale folded in):
-             *   m_new = max(m_i, rowmax(S_ij));  base = scale * m_new * log2(e)
-             *   P_ij  = exp2(scale_log2 * S_ij - base)          one FFMA and one MUFU per score
-             *   alpha = exp2(scale_log2 * m_i - base);  l_i = alpha l_i + rowsum(P_ij);  O_i *= alpha
-             * A row masked so far has m_new = -inf: base = 0, so P_ij = exp2(-inf) = 0, not NaN. */
-    #pragma unroll
-            for (int mt = 0; mt < M_TILES; mt++)
-    #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    float mx = m_i[mt][h];
-    #pragma unroll
-                    for (int nt = 0; nt < KT; nt++) mx = fmaxf(mx, fmaxf(S_ij[mt][nt][2 * h], S_ij[mt][nt][2 * h + 1]));
-                    mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1)); /* the quad holds the row */
-                    mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
-                    const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
-                    const float alpha = exp2_approx(m_i[mt][h] * scale_log2 - base);
-                    m_i[mt][h] = mx;
-                    float sum = 0.f;
-    #pragma unroll
-                    for (int nt = 0; nt < KT; nt++) {
-                        const float p0 = exp2_approx(fmaf(S_ij[mt][nt][2 * h], scale_log2, -base));
-                        const float p1 = exp2_approx(fmaf(S_ij[mt][nt][2 * h + 1], scale_log2, -base));
-                        S_ij[mt][nt][2 * h] = p0, S_ij[mt][nt][2 * h + 1] = p1;
-                        sum += p0 + p1;
-                    }
-                    l_i[mt][h] = alpha * l_i[mt][h] + sum;
-    #pragma unroll
-                    for (int nt = 0; nt < DT; nt++) O_acc[mt][nt][2 * h] *= alpha, O_acc[mt][nt][2 * h + 1] *= alpha;
-                    if (t == 0 && q0 + row0 + mt * 16 + 8 * h + g < N) tally.add(CNT_ROW_CORRECT);
-                }
-            /* O_i += P_ij V_j, one k16 step of keys at a time. P_ij is packed into 16-bit A fragments
-             * just before its step (two n8 key tiles' C layout is one k16 tile's A layout), so the
-             * fp32 scores of a step die as its fragments are made: fewer registers live at once. Each
-             * V fragment serves this warp's M_TILES row tiles. */
-    #pragma unroll
-            for (int kb = 0; kb < Bs / 16; kb++) {
-                uint32_t P_ij[M_TILES][4];
-    #pragma unroll
-                for (int mt = 0; mt < M_TILES; mt++) {
-                    P_ij[mt][0] = M::pack(S_ij[mt][2 * kb][0], S_ij[mt][2 * kb][1]);
-                    P_ij[mt][1] = M::pack(S_ij[mt][2 * kb][2], S_ij[mt][2 * kb][3]);
-                    P_ij[mt][2] = M::pack(S_ij[mt][2 * kb + 1][0], S_ij[mt][2 * kb + 1][1]);
-                    P_ij[mt][3] = M::pack(S_ij[mt][2 * kb + 1][2], S_ij[mt][2 * kb + 1][3]);
-                }
-    #pragma unroll
-                for (int n = 0; n < D; n += 16) {
-                    uint32_t Vf[4]; /* B fragments: Vf[0..1] columns n..n+7, Vf[2..3] columns n+8.. */
-                    ldmatrix_x4_trans_at(Vf, stage8_step<D>(V_j, sb + kb * 16, n / 8));
-    #pragma unroll
-                    for (int mt = 0; mt < M_TILES; mt++) {
-                        M::mma(O_acc[mt][n / 8], P_ij[mt], &Vf[0]);
-                        M::mma(O_acc[mt][n / 8 + 1], P_ij[mt], &Vf[2]);
-                    }
-                }
+        /* S_ij = scale * Q_i K_j^T, this warp's 16 rows for all Bc keys. */
+        float S_ij[KT][4] = {}; /* [n8 key tile][C fragment] */
+#pragma unroll
+        for (int k = 0; k < HeadDim; k += 16) {
+            uint32_t Qf[4]; /* A fragment: this warp's 16 rows, columns k .. k+15 */
+            ldmatrix_x4(Qf, Q_i + (row0 + (lane & 15)) * LDH + k + ((lane >> 4) << 3));
+#pragma unroll
+            for (int kb = 0; kb < Bc / 16; kb++) {
+                uint32_t Kf[4]; /* B fragments: Kf[0..1] keys 16kb .. +7, Kf[2..3] keys 16kb+8 .. +15 */
+                ldmatrix_x4(Kf, K_j + (kb * 16 + (lane & 7) + ((lane >> 4) << 3)) * LDH + k + (((lane >> 3) & 1) << 3));
+                mma_m16n8k16_f16(S_ij[2 * kb], Qf, &Kf[0]);
+                mma_m16n8k16_f16(S_ij[2 * kb + 1], Qf, &Kf[2]);
             }
         }
-    }
 
-    /* The one normalization, O_i / l_i, and L = scale * m + log(l) in nats. O goes through this
-     * warp's own rows of the Q tile in shared memory (no other warp reads them), then out in
-     * 16-byte stores along each row. */
-    __syncwarp(); /* every lane of this warp is past its last ldmatrix of these rows */
-#pragma unroll
-    for (int mt = 0; mt < M_TILES; mt++)
+        /* The online softmax, per row, in registers: scale into the log2 domain and mask;
+         *   m_new = max(m_i, rowmax(S_ij))
+         *   P_ij  = exp(S_ij - m_new)
+         *   alpha = e^(m_i - m_new);  l_i <- alpha l_i + rowsum(P_ij);  O_i <- diag(alpha) O_i
+         * C fragment: S_ij[nt][2h + e] is row row0 + 8h + g, key nt*8 + 2t + e. The four lanes of
+         * a quad hold the same row: rowmax and rowsum finish with two shuffles, not shared memory.
+         * A row masked so far has m_new = -inf: subtract 0 instead, so P_ij = exp2(-inf) = 0,
+         * not exp2(-inf + inf) = NaN. */
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            float sum = l_i[mt][h];
+            const int query = i * Br + row0 + 8 * h + g;
+            float mx = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < KT; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int key = j * Bc + nt * 8 + 2 * t + e;
+                    float s = S_ij[nt][2 * h + e] * scale_log2;
+                    if (key >= N || (causal && key > query)) s = -INFINITY; /* tail, causal mask */
+                    S_ij[nt][2 * h + e] = s;
+                    mx = fmaxf(mx, s);
+                }
+            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
+            const float m_new = fmaxf(m_i[h], mx);
+            const float base = m_new == -INFINITY ? 0.f : m_new;
+            float sum = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < KT; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const float p = exp2_approx(S_ij[nt][2 * h + e] - base);
+                    S_ij[nt][2 * h + e] = p;
+                    sum += p;
+                }
             sum += __shfl_xor_sync(FULL_MASK, sum, 1);
             sum += __shfl_xor_sync(FULL_MASK, sum, 2);
-            const float inv_l = sum > 0.f ? 1.f / sum : 0.f; /* an all-masked row gives O = 0 */
-            const int r = row0 + mt * 16 + 8 * h + g, query = q0 + r;
-            if (t == 0 && query < N) {
-                tally.add(CNT_ROW_NORMALIZE);
-                L[query] = m_i[mt][h] * scale_log2 * LN2 + logf(sum);
-            }
+            const float alpha = exp2_approx(m_i[h] - base);
+            l_i[h] = alpha * l_i[h] + sum;
+            m_i[h] = m_new;
 #pragma unroll
-            for (int nt = 0; nt < DT; nt++)
-                *(uint32_t *)&Q_i[stage8_swz<D>(r, nt) + 2 * t] =
-                    M::pack(O_acc[mt][nt][2 * h] * inv_l, O_acc[mt][nt][2 * h + 1] * inv_l);
+            for (int nt = 0; nt < DT; nt++) { /* the correction of this row of O_i */
+                O_acc[nt][2 * h] *= alpha;
+                O_acc[nt][2 * h + 1] *= alpha;
+            }
+            if (t == 0 && query < N) tally.add(CNT_ROW_CORRECT); /* each O row, every step */
         }
-    __syncwarp(); /* this warp's O rows in shared memory before its lanes copy them out */
-    constexpr int CHUNKS = D / 8;
-    for (int c = lane; c < TL::ROWS_PER_WARP * CHUNKS; c += WARP_SIZE) {
-        const int r = row0 + c / CHUNKS, chunk = c % CHUNKS, query = q0 + r;
-        if (query < N)
-            *(uint4 *)&O[(size_t)query * D + chunk * 8] = *(const uint4 *)&Q_i[stage8_swz<D>(r, chunk)];
+
+        /* P_ij as fp16 A fragments, one per k16 step over the keys: the C layout of two n8 key
+         * tiles is the A layout of one k16 tile (mma.cuh), so P never leaves registers. */
+        uint32_t P_ij[Bc / 16][4];
+#pragma unroll
+        for (int kb = 0; kb < Bc / 16; kb++) {
+            P_ij[kb][0] = pack_half2(S_ij[2 * kb][0], S_ij[2 * kb][1]);         /* row g,   keys 2t..   */
+            P_ij[kb][1] = pack_half2(S_ij[2 * kb][2], S_ij[2 * kb][3]);         /* row g+8, keys 2t..   */
+            P_ij[kb][2] = pack_half2(S_ij[2 * kb + 1][0], S_ij[2 * kb + 1][1]); /* row g,   keys 8+2t.. */
+            P_ij[kb][3] = pack_half2(S_ij[2 * kb + 1][2], S_ij[2 * kb + 1][3]); /* row g+8, keys 8+2t.. */
+        }
+
+        cp_async_wait<0>();
+        __syncthreads(); /* V_j in shared memory; every warp is done with K_j, so its buffer is free */
+
+        /* K_{j+1}: HBM -> shared memory now, overlapping P_ij V_j */
+        if (j < j_last) load_tile<HeadDim, Bc>(K_j, K, (j + 1) * Bc, N);
+        cp_async_commit();
+
+        /* O_i += P_ij V_j, this warp's 16 rows, accumulated in place in fp32 */
+#pragma unroll
+        for (int kb = 0; kb < Bc / 16; kb++)
+#pragma unroll
+            for (int n = 0; n < HeadDim; n += 16) {
+                uint32_t Vf[4]; /* B fragments: Vf[0..1] columns n..n+7, Vf[2..3] columns n+8.. */
+                ldmatrix_x4_trans(Vf, V_j + (kb * 16 + (lane & 15)) * LDH + n + ((lane >> 4) << 3));
+                mma_m16n8k16_f16(O_acc[n / 8], P_ij[kb], &Vf[0]);
+                mma_m16n8k16_f16(O_acc[n / 8 + 1], P_ij[kb], &Vf[2]);
+            }
+    }
+
+    /* The sweep is over: the one normalization, O_i = diag(l_i)^-1 O_i, straight from the
+     * registers to HBM in fp16 (O_i's one write), and L = m + log(l) in nats for the backward. */
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int query = i * Br + row0 + 8 * h + g;
+        if (query >= N) continue; /* rows past N are never written */
+        const float inv_l = l_i[h] > 0.f ? 1.f / l_i[h] : 0.f; /* an all-masked row gives O = 0 */
+        if (t == 0) tally.add(CNT_ROW_NORMALIZE);
+#pragma unroll
+        for (int nt = 0; nt < DT; nt++)
+            *(uint32_t *)&O[(size_t)query * HeadDim + nt * 8 + 2 * t] =
+                pack_half2(O_acc[nt][2 * h] * inv_l, O_acc[nt][2 * h + 1] * inv_l);
+        if (t == 0) L[query] = m_i[h] * LN2 + logf(l_i[h]);
     }
     tally.flush(counters);
 }
 
 /* ---- launcher ---- */
 
-/* Rows of K (and V) read for the Q tiles of one head: each Q tile reads the K/V tiles it sees. */
-template <int D>
-static double stage8_kv_rows(const struct shape *sh)
+/* The HBM bytes the loop structure moves, walking the (i, j) steps the kernel takes (rows past N
+ * are zero-filled, never read): Q_i once; K_j, V_j on every step; O (fp16) and L once. Nothing
+ * else: O_i, m_i, l_i never leave the chip. */
+void hbm_bytes(const struct shape *sh, struct hbm_traffic *t)
 {
-    typedef stage8_tiles<D> TL;
-    const int N = sh->N, Tr = CEIL_DIV(N, TL::Br), Tc = CEIL_DIV(N, TL::Bc);
-    double rows = 0;
+    const int N = sh->N, Tr = CEIL_DIV(N, Br), Tc = CEIL_DIV(N, Bc);
+    double kv_rows = 0; /* per head: K (and V) rows read */
     for (int i = 0; i < Tr; i++) {
-        const int n_tiles = sh->causal ? std::min(Tc, (std::min((i + 1) * TL::Br, N) - 1) / TL::Bc + 1) : Tc;
-        rows += std::min(n_tiles * TL::Bc, N);
+        const int j_last = sh->causal ? min(Tc - 1, ((i + 1) * Br - 1) / Bc) : Tc - 1;
+        for (int j = 0; j <= j_last; j++) kv_rows += min(Bc, N - j * Bc);
     }
-    return rows;
-}
-
-/* The HBM bytes the loop structure moves: Q once; K_j, V_j once per Q tile that sees them; O and L
- * once. (16-bit elements in both dtypes.) */
-static void stage8_hbm_traffic(const struct shape *sh, struct hbm_traffic *t)
-{
-    const double kv_rows = sh->d == 32 ? stage8_kv_rows<32>(sh) : sh->d == 64 ? stage8_kv_rows<64>(sh)
-                           : sh->d == 128 ? stage8_kv_rows<128>(sh) : stage8_kv_rows<256>(sh);
-    const double heads = (double)sh->B * sh->H, d = sh->d, N = sh->N;
-    t->Q = heads * N * d * 2;
-    t->KV = heads * 2.0 * kv_rows * d * 2;
-    t->O = heads * N * d * 2;
+    const double heads = (double)sh->B * sh->H, d = sh->d;
+    t->Q = heads * N * d * sizeof(__half);
+    t->KV = heads * 2.0 * kv_rows * d * sizeof(__half);
+    t->O = heads * N * d * sizeof(__half);
     t->O_work = 0;
     t->rowstats = heads * N * sizeof(float); /* L */
     t->q_reads = 1;
 }
 
-template <typename T, int D, bool COUNT>
-static int stage8_launch(const struct attn_args *a, char *why, size_t n)
+template <int HeadDim, bool COUNT>
+int launch(const struct attn_args *a, char *why, size_t n)
 {
-    typedef stage8_tiles<D> TL;
-    const size_t smem = TL::bytes;
-    if (smem_optin(stage8_seq_parallel_kernel<T, D, COUNT>, smem, "stage8", D, why, n)) return 1;
+    const size_t smem = smem_layout<HeadDim>::bytes;
+    if (int rc = smem_optin(stage8_seq_parallel_kernel<HeadDim, COUNT>, smem, HeadDim, why, n)) return rc;
 
     const struct shape *sh = &a->sh;
     const long long bh = (long long)sh->B * sh->H;
-    if (bh > 2147483647LL) {
-        snprintf(why, n, "stage8: batch * heads = %lld is more than a grid dimension holds (2^31 - 1)", bh);
-        return 1;
+    if (bh > 0x7fffffff) {
+        snprintf(why, n, "batch * heads = %lld is more than a grid dimension holds (2^31 - 1)", bh);
+        return ATTN_UNSUPPORTED;
     }
-    /* (batch, head) in x, Q tiles in y: at most 2^20 / 64 = 16384 tiles, under y's 65535 */
-    const dim3 grid((unsigned)bh, CEIL_DIV(sh->N, TL::Br));
-    const dim3 block(TL::NTHREADS);
-    stage8_seq_parallel_kernel<T, D, COUNT><<<grid, block, smem>>>(
-        (const T *)a->Q, (const T *)a->K, (const T *)a->V, (T *)a->O, a->L, sh->N, sh->causal,
-        sh->scale * LOG2E, a->counters);
+    const dim3 grid((unsigned)bh, CEIL_DIV(sh->N, Br)); /* one block per (batch, head) and Q tile */
+    const dim3 block(NTHREADS);
+    stage8_seq_parallel_kernel<HeadDim, COUNT><<<grid, block, smem>>>((const __half *)a->Q, (const __half *)a->K,
+                                                           (const __half *)a->V, (__half *)a->O, a->L, sh->N,
+                                                           sh->causal, sh->scale * LOG2E, a->counters);
     CUDA_TRY(cudaGetLastError());
     return 0;
 }
 
-/* dtype, head dim and counting build -> the kernel's template arguments */
-template <typename T, bool COUNT>
-static int stage8_dispatch_d(const struct attn_args *a, char *why, size_t n)
+int forward(const struct attn_args *a, char *why, size_t n)
 {
-    switch (a->sh.d) {
-    case 32: return stage8_launch<T, 32, COUNT>(a, why, n);
-    case 64: return stage8_launch<T, 64, COUNT>(a, why, n);
-    case 128: return stage8_launch<T, 128, COUNT>(a, why, n);
-    case 256: return stage8_launch<T, 256, COUNT>(a, why, n);
+    if (a->dtype != DT_F16 || (a->sh.d != 64 && a->sh.d != 128)) {
+        snprintf(why, n, "supports fp16 with head dim 64 or 128 (got %s, d=%d)",
+                 dtype_name(a->dtype), a->sh.d);
+        return ATTN_UNSUPPORTED;
     }
-    snprintf(why, n, "stage8 supports head dim 32, 64, 128 or 256 (got d=%d)", a->sh.d);
-    return 1;
+    if (a->counters) return a->sh.d == 64 ? launch<64, true>(a, why, n) : launch<128, true>(a, why, n);
+    return a->sh.d == 64 ? launch<64, false>(a, why, n) : launch<128, false>(a, why, n);
 }
 
-template <typename T>
-static int stage8_dispatch(const struct attn_args *a, char *why, size_t n)
-{
-    return a->counters ? stage8_dispatch_d<T, true>(a, why, n) : stage8_dispatch_d<T, false>(a, why, n);
-}
-
-static int stage8_forward(const struct attn_args *a, char *why, size_t n)
-{
-    if (a->dtype == DT_F16) return stage8_dispatch<__half>(a, why, n);
-    if (a->dtype == DT_BF16) return stage8_dispatch<__nv_bfloat16>(a, why, n);
-    snprintf(why, n, "stage8 supports fp16 and bf16 (got %s)", dtype_name(a->dtype));
-    return 1;
-}
+} // namespace
 
 extern "C" const struct stage stage8_desc = {
     .name = "stage8",
-    .idea = "sequence parallel: one block per (Q tile, head), causal tiles skipped; pipelined and swizzled",
+    .idea = "sequence parallel: one block per (Q tile, head); causal tiles skipped, heaviest first",
     .device = ON_GPU,
-    .forward = stage8_forward,
+    .forward = forward,
     .backward = NULL,
-    .dims = {32, 64, 128, 256},
-    .dtypes = DT_F16 | DT_BF16,
+    .dims = {64, 128},
+    .dtypes = DT_F16,
     .workspace_bytes = NULL,
     .openmp = 0,
-    .hbm_traffic = stage8_hbm_traffic,
+    .hbm_traffic = hbm_bytes,
     .measures_backward = 0,
 };

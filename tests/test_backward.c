@@ -1,4 +1,4 @@
-/* test_backward.c: the stages that measure a backward (stage 9), on the GPU.
+/* test_backward.c: the stages that measure a backward (stage 10), on the GPU.
  *
  * backward::vs_reference  dQ, dK, dV over a grid of N (tails, N = 1), d, causal, fp16 and bf16,
  *                         with and without --deterministic: check_backward's rule (common/check.c,

@@ -6,7 +6,7 @@
  * with one output element left as NaN (an element a kernel forgot to write). Both must fail with
  * the worst element printed, while the real stage 3 passes, both on a small shape (whole output
  * against stage 1) and on one large enough for the sampled check against the oracle.
- * check_backward, stage 9's check of dQ, dK and dV, gets the same treatment (at the end).
+ * check_backward, stage 10's check of dQ, dK and dV, gets the same treatment (at the end).
  */
 #define _GNU_SOURCE /* open_memstream */
 #include "common_test.h"
@@ -86,7 +86,7 @@ ParameterizedTest(struct shape *sh, check, catches_wrong_stage)
     free(log);
 }
 
-/* ---- the backward's check (check_backward, stage 9's) ----
+/* ---- the backward's check (check_backward, stage 10's) ----
  * The "stage" here is stage 1's fp32 backward on fp16 inputs with its gradients rounded to fp16,
  * what a correct fp16 kernel returns at best: it must pass. The same with dK 1% too large (a
  * wrong scale) must fail, as must dQ with one element NaN. The small shape is checked whole

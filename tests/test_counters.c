@@ -24,6 +24,7 @@ static const struct {
     {"stage5", 32, 64, 0},
     {"stage6", 32, 64, 0},
     {"stage7", 128, 64, 0},
+    {"stage8", 128, 64, 0}, /* stage 7's loops, one Q tile per block: the same counts */
 };
 
 /* The K/V tiles all rows of one head see, summed over the rows. */

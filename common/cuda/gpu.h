@@ -1,4 +1,5 @@
-/* gpu.h: the GPU plumbing the runner and the stages share: the device query and device buffers. */
+/* gpu.h: the device query and device buffers, used by the runner (runner.cu) and the GPU tests; the
+ * stages never allocate or query the device themselves. */
 #ifndef GPU_H
 #define GPU_H
 #include "common/cuda/cuda_check.h"
@@ -7,10 +8,7 @@
 struct gpu_info {
     char name[256];
     char slug[64];       /* "h200": the name the benchmark's CSV file and column use */
-    int major, minor;    /* compute capability */
-    int sms;             /* streaming multiprocessors */
-    int smem_optin;      /* the most dynamic shared memory one block may ask for, in bytes */
-    int l2_bytes;
+    int l2_bytes;        /* --flush-l2 overwrites twice this before each timed run */
 };
 /* The current device's properties (exits with a message if there is none). */
 struct gpu_info gpu_query(void);

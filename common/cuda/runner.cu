@@ -20,8 +20,7 @@ struct gpu_info gpu_query(void)
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
     snprintf(g.name, sizeof g.name, "%s", p.name);
-    g.major = p.major, g.minor = p.minor, g.sms = p.multiProcessorCount, g.l2_bytes = p.l2CacheSize;
-    CUDA_CHECK(cudaDeviceGetAttribute(&g.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    g.l2_bytes = p.l2CacheSize;
     /* slug: lower case, the vendor words dropped, anything else that is not a letter or digit a '-' */
     const char *s = p.name;
     for (const char *drop : {"NVIDIA ", "GeForce ", "Tesla "})
@@ -125,7 +124,7 @@ static int checked_run(const struct stage *st, struct gpu_problem *g, float *O, 
 {
     CUDA_CHECK(cudaMemset(g->O.p, 0xff, g->O.bytes));
     CUDA_CHECK(cudaMemset(g->L.p, 0xff, g->L.bytes));
-    if (st->forward(&g->args, why, n)) return EXIT_USAGE;
+    if (int rc = st->forward(&g->args, why, n)) return stage_failed(st, rc, why, n);
     CUDA_CHECK(cudaDeviceSynchronize()); /* errors inside the kernel surface here */
     download(O, &g->O, shape_elems(&g->args.sh), g->args.dtype);
     download(L, &g->L, shape_rows(&g->args.sh), DT_F32);
@@ -218,10 +217,10 @@ extern "C" int gpu_run_stage(const struct stage *st, const struct opts *o, const
      * checked O and L above stay what the harness checks) */
     if (o->counters) {
         std::vector<float> O2(shape_elems(&o->sh)), L2(shape_rows(&o->sh));
-        if (counted_run(st, &g, O2.data(), L2.data(), r->counts, why, sizeof why)) {
+        if ((rc = counted_run(st, &g, O2.data(), L2.data(), r->counts, why, sizeof why))) {
             fprintf(stderr, "%s\n", why);
             problem_free(&g);
-            return EXIT_USAGE;
+            return rc;
         }
         r->counted = 1;
     }
@@ -263,10 +262,10 @@ static void bwd_free(struct gpu_bwd_problem *g)
 static int bwd_checked_run(const struct stage *st, struct gpu_bwd_problem *g, float *dQ, float *dK, float *dV,
                            char *why, size_t n)
 {
-    if (st->forward(&g->f.args, why, n)) return EXIT_USAGE;
+    if (int rc = st->forward(&g->f.args, why, n)) return stage_failed(st, rc, why, n);
     struct dbuf *grads[3] = {&g->dQ, &g->dK, &g->dV};
     for (struct dbuf *b : grads) CUDA_CHECK(cudaMemset(b->p, 0xff, b->bytes));
-    if (st->backward(&g->f.args, why, n)) return EXIT_USAGE;
+    if (int rc = st->backward(&g->f.args, why, n)) return stage_failed(st, rc, why, n);
     CUDA_CHECK(cudaDeviceSynchronize());
     size_t elems = shape_elems(&g->f.args.sh);
     download(dQ, &g->dQ, elems, g->f.args.dtype);

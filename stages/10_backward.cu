@@ -2,15 +2,15 @@
  *
  * New in stage 9: the gradients dQ, dK, dV of the loss sum(dO * O), from Q, K, V, dO and what
  *   stage 8's forward leaves behind: O and the row logsumexp L. Three kernels:
- *   1. stage9_preprocess_kernel: per query row D_i = rowsum(dO_i * O_i) and L_i in log2 units
+ *   1. stage10_preprocess_kernel: per query row D_i = rowsum(dO_i * O_i) and L_i in log2 units
  *      (and the fp32 dQ accumulator zeroed);
- *   2. stage9_dkdv_kernel, parallel over K/V tiles (grid = K/V tiles x batch*heads): a block keeps
+ *   2. stage10_dkdv_kernel, parallel over K/V tiles (grid = K/V tiles x batch*heads): a block keeps
  *      its K_j, V_j and their gradients dK_j, dV_j on chip and sweeps the Q tiles:
  *        S_ij = scale Q_i K_j^T,  P_ij = exp(S_ij - L_i)       recomputed, never stored
  *        dV_j += P_ij^T dO_i,  dP_ij = dO_i V_j^T,  dS_ij = P_ij * (dP_ij - D_i)
  *        dK_j += scale dS_ij^T Q_i,  dQ_i += scale dS_ij K_j   (fp32 atomics into HBM)
- *   3. stage9_convert_kernel: dQ from the fp32 accumulator to the input dtype.
- *   With --deterministic the dK/dV kernel skips dQ and stage9_dq_kernel computes it instead,
+ *   3. stage10_convert_kernel: dQ from the fp32 accumulator to the input dtype.
+ *   With --deterministic the dK/dV kernel skips dQ and stage10_dq_kernel computes it instead,
  *   parallel over Q tiles with dQ_i in registers: no atomics, the same bits on every run, at the
  *   price of recomputing S and dP once more.
  * Why this shape: dK_j and dV_j sum over every query, dQ_i over every key; a block can own one of
@@ -24,10 +24,11 @@
  *   every dQ row gets half as many atomic adds as with 64; each add is a float2 (sm_90: one
  *   atomic for two columns).
  * Measured on H200: see notes/09_backward.md.
- * Run: ./stage9 --seqlen 4096 --dim 64 --causal  (add --deterministic for the atomic-free dQ)
+ * Run: ./stage10 --seqlen 4096 --dim 64 --causal  (add --deterministic for the atomic-free dQ)
  */
 #include "common/attn.h"
 #include "common/cuda/cuda_check.h"
+#include "common/cuda/defs.cuh"
 #include "common/cuda/launch.cuh"
 #include "common/cuda/mma.cuh"
 
@@ -37,11 +38,9 @@
 #include <math.h>
 #include <stdio.h>
 
-/* ---- configuration ---- */
+namespace {
 
-#define LOG2E 1.4426950408889634f /* exp(x) = exp2(x * LOG2E) */
-#define WARP_SIZE 32
-#define FULL_MASK 0xffffffffu
+/* ---- configuration ---- */
 
 /* The dK/dV kernel: KV_WARPS warps, a K/V tile of Bc keys, Q swept in tiles of BR queries. Each
  * step has three phases, and the warps split the work differently in each (FA-2's arrangement):
@@ -51,24 +50,24 @@
  * The tiles are FA-2's for the sm80 backward: 64 queries at D = 128, 128 at D = 64. KA and KU (how
  * far the k loop of phase A is unrolled) are the choices measured fastest without spilling
  * (notes/09_backward.md). */
-static constexpr int KV_WARPS = 8, KV_THREADS = KV_WARPS * WARP_SIZE, Bc = 128;
+constexpr int KV_WARPS = 8, KV_THREADS = KV_WARPS * WARP_SIZE, Bc = 128;
 template <int D>
-struct stage9_kv_cfg;
+struct kv_cfg;
 template <>
-struct stage9_kv_cfg<64> { static constexpr int BR = 128, KA = 64, KU = 4; };
+struct kv_cfg<64> { static constexpr int BR = 128, KA = 64, KU = 4; };
 template <>
-struct stage9_kv_cfg<128> { static constexpr int BR = 64, KA = 32, KU = 4; };
+struct kv_cfg<128> { static constexpr int BR = 64, KA = 32, KU = 4; };
 
 /* The dQ kernel (--deterministic): DQ_WARPS warps of 16 queries (a Q tile of DQ_Br), sweeping K/V
  * in tiles of DQ_Bc keys. */
-static constexpr int DQ_WARPS = 4, DQ_THREADS = DQ_WARPS * WARP_SIZE;
-static constexpr int DQ_Br = DQ_WARPS * 16, DQ_Bc = 64;
+constexpr int DQ_WARPS = 4, DQ_THREADS = DQ_WARPS * WARP_SIZE;
+constexpr int DQ_Br = DQ_WARPS * 16, DQ_Bc = 64;
 
 /* Shared memory of the dK/dV kernel: K_j, V_j [Bc][D]; Q_i, dO_i [2][BR][D] (double-buffered);
  * P^T, dS^T [Bc][BR] (16-bit); L_i, D_i [2][BR]. Tiles are swizzled (below). */
 template <int D>
-struct stage9_kv_smem {
-    static constexpr int BR = stage9_kv_cfg<D>::BR;
+struct kv_smem_layout {
+    static constexpr int BR = kv_cfg<D>::BR;
     static constexpr size_t K_j = 0;
     static constexpr size_t V_j = K_j + 2 * (size_t)Bc * D;
     static constexpr size_t Q_i = V_j + 2 * (size_t)Bc * D;
@@ -82,7 +81,7 @@ struct stage9_kv_smem {
 };
 /* ... and of the dQ kernel: Q_i, dO_i [DQ_Br][D], K_j, V_j [DQ_Bc][D]. */
 template <int D>
-struct stage9_q_smem {
+struct q_smem_layout {
     static constexpr size_t Q_i = 0;
     static constexpr size_t dO_i = Q_i + 2 * (size_t)DQ_Br * D;
     static constexpr size_t K_j = dO_i + 2 * (size_t)DQ_Br * D;
@@ -96,7 +95,7 @@ struct stage9_q_smem {
  * so the 8 rows an ldmatrix reads fall in 8 different bank groups. Element offset; W is the
  * row's width in elements. */
 template <int W>
-static __device__ __forceinline__ int stage9_swz(int row, int chunk)
+__device__ __forceinline__ int swz(int row, int chunk)
 {
     return row * W + ((chunk ^ (row & 7)) << 3);
 }
@@ -104,13 +103,13 @@ static __device__ __forceinline__ int stage9_swz(int row, int chunk)
 /* Rows row0 .. row0+ROWS-1 of one head's [N, D] matrix into a swizzled tile, by the block's
  * THREADS threads; rows past N are zero. */
 template <typename T, int D, int ROWS, int THREADS>
-static __device__ __forceinline__ void stage9_load_tile(__half *tile, const T *src, int row0, int N)
+__device__ __forceinline__ void load_tile(__half *tile, const T *src, int row0, int N)
 {
     constexpr int CHUNKS = D / 8;
     for (int c = threadIdx.x; c < ROWS * CHUNKS; c += THREADS) {
         const int r = c / CHUNKS, chunk = c % CHUNKS;
         const bool valid = row0 + r < N;
-        cp_async_16_zfill(tile + stage9_swz<D>(r, chunk), src + (size_t)(valid ? row0 + r : 0) * D + chunk * 8, valid);
+        cp_async_16_zfill(tile + swz<D>(r, chunk), src + (size_t)(valid ? row0 + r : 0) * D + chunk * 8, valid);
     }
 }
 
@@ -120,33 +119,33 @@ static __device__ __forceinline__ void stage9_load_tile(__half *tile, const T *s
  *   B^T: rows r0 .. r0+15 of the tile are the k rows of B, columns n .. n+15 ("V in P V");
  *   A^T: rows r0 .. r0+15 of the tile are the k columns of A, columns m .. m+15 its rows. */
 template <int W>
-static __device__ __forceinline__ void stage9_frag_A(uint32_t f[4], const __half *tile, int r0, int k)
+__device__ __forceinline__ void frag_A(uint32_t f[4], const __half *tile, int r0, int k)
 {
     const int lane = threadIdx.x % WARP_SIZE;
-    ldmatrix_x4(f, tile + stage9_swz<W>(r0 + (lane & 15), k / 8 + (lane >> 4)));
+    ldmatrix_x4(f, tile + swz<W>(r0 + (lane & 15), k / 8 + (lane >> 4)));
 }
 template <int W>
-static __device__ __forceinline__ void stage9_frag_Bt(uint32_t f[4], const __half *tile, int r0, int k)
+__device__ __forceinline__ void frag_Bt(uint32_t f[4], const __half *tile, int r0, int k)
 {
     const int lane = threadIdx.x % WARP_SIZE;
-    ldmatrix_x4(f, tile + stage9_swz<W>(r0 + (lane & 7) + ((lane >> 4) << 3), k / 8 + ((lane >> 3) & 1)));
+    ldmatrix_x4(f, tile + swz<W>(r0 + (lane & 7) + ((lane >> 4) << 3), k / 8 + ((lane >> 3) & 1)));
 }
 template <int W>
-static __device__ __forceinline__ void stage9_frag_B(uint32_t f[4], const __half *tile, int r0, int n)
+__device__ __forceinline__ void frag_B(uint32_t f[4], const __half *tile, int r0, int n)
 {
     const int lane = threadIdx.x % WARP_SIZE;
-    ldmatrix_x4_trans(f, tile + stage9_swz<W>(r0 + (lane & 15), n / 8 + (lane >> 4)));
+    ldmatrix_x4_trans(f, tile + swz<W>(r0 + (lane & 15), n / 8 + (lane >> 4)));
 }
 template <int W>
-static __device__ __forceinline__ void stage9_frag_At(uint32_t f[4], const __half *tile, int r0, int m)
+__device__ __forceinline__ void frag_At(uint32_t f[4], const __half *tile, int r0, int m)
 {
     const int lane = threadIdx.x % WARP_SIZE;
-    ldmatrix_x4_trans(f, tile + stage9_swz<W>(r0 + (lane & 7) + ((lane >> 4) << 3), m / 8 + ((lane >> 3) & 1)));
+    ldmatrix_x4_trans(f, tile + swz<W>(r0 + (lane & 7) + ((lane >> 4) << 3), m / 8 + ((lane >> 3) & 1)));
 }
 
 /* Two n8 C tiles (16 x 16 fp32, this lane's 8 values) as one k16 A fragment in 16-bit. */
 template <typename T>
-static __device__ __forceinline__ void stage9_pack_A(uint32_t a[4], const float c0[4], const float c1[4])
+__device__ __forceinline__ void pack_A(uint32_t a[4], const float c0[4], const float c1[4])
 {
     a[0] = mma16<T>::pack(c0[0], c0[1]);
     a[1] = mma16<T>::pack(c0[2], c0[3]);
@@ -156,7 +155,7 @@ static __device__ __forceinline__ void stage9_pack_A(uint32_t a[4], const float 
 
 /* dst[0] += a, dst[1] += b in global memory (8-byte aligned): one float2 atomic on sm_90 and
  * later, two float atomics before. */
-static __device__ __forceinline__ void stage9_atomic_add2(float *dst, float a, float b)
+__device__ __forceinline__ void atomic_add2(float *dst, float a, float b)
 {
 #if __CUDA_ARCH__ >= 900
     atomicAdd((float2 *)dst, make_float2(a, b));
@@ -170,10 +169,10 @@ static __device__ __forceinline__ void stage9_atomic_add2(float *dst, float a, f
  * accumulator zeroed. D / 8 threads per row, 16 bytes of O and dO each, so the loads are whole
  * 128-byte lines: this kernel and the convert below only stream memory, and at N = 1024 they are
  * several per cent of the backward. */
-static constexpr int PRE_THREADS = 256;
+constexpr int PRE_THREADS = 256;
 template <typename T, int D>
-static __global__ void __launch_bounds__(PRE_THREADS)
-stage9_preprocess_kernel(const T *__restrict__ O, const T *__restrict__ dO, const float *__restrict__ L,
+__global__ void __launch_bounds__(PRE_THREADS)
+stage10_preprocess_kernel(const T *__restrict__ O, const T *__restrict__ dO, const float *__restrict__ L,
                          float *__restrict__ Dsum, float *__restrict__ L2, float *__restrict__ dQ_acc, size_t rows)
 {
     constexpr int TPR = D / 8; /* threads per row; a power of 2 that divides 32, so a row's threads share a warp */
@@ -206,16 +205,16 @@ stage9_preprocess_kernel(const T *__restrict__ O, const T *__restrict__ dO, cons
  * P^T and dS^T to shared memory once lets each phase pick the warp layout that reuses its loads:
  * per step and warp, 144 ldmatrix.x4 feed 320 mma at either D (2.2). */
 template <typename T, int D>
-static __global__ void __launch_bounds__(KV_THREADS)
-stage9_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__restrict__ V,
+__global__ void __launch_bounds__(KV_THREADS)
+stage10_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__restrict__ V,
                    const T *__restrict__ dO, const float *__restrict__ L2, const float *__restrict__ Dsum,
                    T *__restrict__ dK, T *__restrict__ dV, float *__restrict__ dQ_acc, int N, int causal,
                    float scale, int with_dq)
 {
-    typedef stage9_kv_smem<D> SM;
+    typedef kv_smem_layout<D> SM;
     typedef mma16<T> M;
     constexpr int BR = SM::BR;                     /* queries per Q tile */
-    constexpr int KA = stage9_kv_cfg<D>::KA, QA = Bc * BR / (8 * KA); /* phase A: keys x queries per warp */
+    constexpr int KA = kv_cfg<D>::KA, QA = Bc * BR / (8 * KA); /* phase A: keys x queries per warp */
     constexpr int QG = BR / 32, CW = D * QG / 8;   /* phase C: query groups of 32, columns per warp */
     static_assert(KV_WARPS == 8 && Bc == 128 && QA % 16 == 0 && KA % 16 == 0 && CW % 16 == 0,
                   "each phase's warp layout covers the tiles exactly: A (Bc/KA) x (BR/QA), B 4 x 2, C QG x (D/CW)");
@@ -243,8 +242,8 @@ stage9_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__
      * zeros: Q = dO = 0 and L = D = 0 there give P = 1 but dP = 0, so dS = 0, and dO = 0 adds
      * nothing to dV: such a query contributes nothing, and its dQ row is never written. */
     auto load_q_tile = [&](int i, int b) {
-        stage9_load_tile<T, D, BR, KV_THREADS>(Q_buf + b * BR * D, Q + head, i * BR, N);
-        stage9_load_tile<T, D, BR, KV_THREADS>(dO_buf + b * BR * D, dO + head, i * BR, N);
+        load_tile<T, D, BR, KV_THREADS>(Q_buf + b * BR * D, Q + head, i * BR, N);
+        load_tile<T, D, BR, KV_THREADS>(dO_buf + b * BR * D, dO + head, i * BR, N);
         if (tid < 2 * BR) {
             const int r = tid % BR, q = i * BR + r;
             const float *src = (tid < BR ? L2 : Dsum) + bh * N + (q < N ? q : 0);
@@ -252,8 +251,8 @@ stage9_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__
         }
     };
 
-    stage9_load_tile<T, D, Bc, KV_THREADS>(K_j, K + head, j * Bc, N);
-    stage9_load_tile<T, D, Bc, KV_THREADS>(V_j, V + head, j * Bc, N);
+    load_tile<T, D, Bc, KV_THREADS>(K_j, K + head, j * Bc, N);
+    load_tile<T, D, Bc, KV_THREADS>(V_j, V + head, j * Bc, N);
     load_q_tile(i_first, 0);
     cp_async_commit();
 
@@ -271,16 +270,16 @@ stage9_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__
          * product at a time: their fragments need not be live together) */
         float ST[KA / 16][QA / 8][4] = {}, dPT[KA / 16][QA / 8][4] = {};
         auto product = [&](float C[KA / 16][QA / 8][4], const __half *A_tile, const __half *B_tile) {
-            constexpr int KU = stage9_kv_cfg<D>::KU;
+            constexpr int KU = kv_cfg<D>::KU;
 #pragma unroll KU
             for (int k = 0; k < D; k += 16) {
                 uint32_t Af[KA / 16][4];
 #pragma unroll
-                for (int m = 0; m < KA / 16; m++) stage9_frag_A<D>(Af[m], A_tile, keyA + 16 * m, k);
+                for (int m = 0; m < KA / 16; m++) frag_A<D>(Af[m], A_tile, keyA + 16 * m, k);
 #pragma unroll
                 for (int qb = 0; qb < QA / 16; qb++) {
                     uint32_t Bf[4];
-                    stage9_frag_Bt<D>(Bf, B_tile, qA + 16 * qb, k);
+                    frag_Bt<D>(Bf, B_tile, qA + 16 * qb, k);
 #pragma unroll
                     for (int m = 0; m < KA / 16; m++) {
                         M::mma(C[m][2 * qb], Af[m], &Bf[0]);
@@ -312,7 +311,7 @@ stage9_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__
                 }
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    const int at = stage9_swz<BR>(keyA + 16 * m + g + 8 * h, qA / 8 + nt) + 2 * t;
+                    const int at = swz<BR>(keyA + 16 * m + g + 8 * h, qA / 8 + nt) + 2 * t;
                     *(uint32_t *)&PT_s[at] = M::pack(p[2 * h], p[2 * h + 1]);
                     *(uint32_t *)&dST_s[at] = M::pack(ds[2 * h], ds[2 * h + 1]);
                 }
@@ -326,14 +325,14 @@ stage9_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__
             uint32_t Pa[2][4], dSa[2][4];
 #pragma unroll
             for (int m = 0; m < 2; m++) {
-                stage9_frag_A<BR>(Pa[m], PT_s, keyB + 16 * m, qk);
-                stage9_frag_A<BR>(dSa[m], dST_s, keyB + 16 * m, qk);
+                frag_A<BR>(Pa[m], PT_s, keyB + 16 * m, qk);
+                frag_A<BR>(dSa[m], dST_s, keyB + 16 * m, qk);
             }
 #pragma unroll
             for (int n = 0; n < D / 2; n += 16) {
                 uint32_t dOf[4], Qf[4];
-                stage9_frag_B<D>(dOf, dO_i, qk, colB + n);
-                stage9_frag_B<D>(Qf, Q_i, qk, colB + n);
+                frag_B<D>(dOf, dO_i, qk, colB + n);
+                frag_B<D>(Qf, Q_i, qk, colB + n);
 #pragma unroll
                 for (int m = 0; m < 2; m++) {
                     M::mma(dV_acc[m][n / 8], Pa[m], &dOf[0]);
@@ -351,11 +350,11 @@ stage9_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__
         for (int kb = 0; kb < Bc; kb += 16) {
             uint32_t dSa[2][4]; /* A = dS (queries x keys) = the stored dS^T, transposed */
 #pragma unroll
-            for (int m = 0; m < 2; m++) stage9_frag_At<BR>(dSa[m], dST_s, kb, qC + 16 * m);
+            for (int m = 0; m < 2; m++) frag_At<BR>(dSa[m], dST_s, kb, qC + 16 * m);
 #pragma unroll
             for (int n = 0; n < CW; n += 16) {
                 uint32_t Kf[4];
-                stage9_frag_B<D>(Kf, K_j, kb, colC + n);
+                frag_B<D>(Kf, K_j, kb, colC + n);
 #pragma unroll
                 for (int m = 0; m < 2; m++) {
                     M::mma(dQ_part[m][n / 8], dSa[m], &Kf[0]);
@@ -372,7 +371,7 @@ stage9_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__
                 float *dst = dQ_acc + head + (size_t)q * D + colC + 2 * t;
 #pragma unroll
                 for (int nt = 0; nt < CW / 8; nt++)
-                    stage9_atomic_add2(dst + nt * 8, dQ_part[m][nt][2 * h], dQ_part[m][nt][2 * h + 1]);
+                    atomic_add2(dst + nt * 8, dQ_part[m][nt][2 * h], dQ_part[m][nt][2 * h + 1]);
             }
     }
 
@@ -395,12 +394,12 @@ stage9_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__
 /* --deterministic: dQ_i for one Q tile, each warp its 16 rows, summed over the K/V tiles in order in
  * registers. Recomputes S = Q K^T and dP = dO V^T (the dK/dV kernel's are gone by now). */
 template <typename T, int D>
-static __global__ void __launch_bounds__(DQ_THREADS)
-stage9_dq_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__restrict__ V,
+__global__ void __launch_bounds__(DQ_THREADS)
+stage10_dq_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__restrict__ V,
                  const T *__restrict__ dO, const float *__restrict__ L2, const float *__restrict__ Dsum,
                  T *__restrict__ dQ, int N, int causal, float scale)
 {
-    typedef stage9_q_smem<D> SM;
+    typedef q_smem_layout<D> SM;
     typedef mma16<T> M;
     extern __shared__ __align__(128) unsigned char smem[];
     __half *Q_i = (__half *)(smem + SM::Q_i), *dO_i = (__half *)(smem + SM::dO_i);
@@ -415,8 +414,8 @@ stage9_dq_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__re
     const int Tc = CEIL_DIV(N, DQ_Bc);
     const int j_end = causal ? min(Tc, (min((i + 1) * DQ_Br, N) - 1) / DQ_Bc + 1) : Tc;
 
-    stage9_load_tile<T, D, DQ_Br, DQ_THREADS>(Q_i, Q + head, i * DQ_Br, N);
-    stage9_load_tile<T, D, DQ_Br, DQ_THREADS>(dO_i, dO + head, i * DQ_Br, N);
+    load_tile<T, D, DQ_Br, DQ_THREADS>(Q_i, Q + head, i * DQ_Br, N);
+    load_tile<T, D, DQ_Br, DQ_THREADS>(dO_i, dO + head, i * DQ_Br, N);
     /* this lane's two rows: L (log2 units) and D; a row past N has dO = 0, so its dS is 0 */
     float L_r[2], D_r[2];
 #pragma unroll
@@ -429,8 +428,8 @@ stage9_dq_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__re
 
     for (int j = 0; j < j_end; j++) {
         __syncthreads(); /* every warp is done with K_{j-1}, V_{j-1} */
-        stage9_load_tile<T, D, DQ_Bc, DQ_THREADS>(K_j, K + head, j * DQ_Bc, N);
-        stage9_load_tile<T, D, DQ_Bc, DQ_THREADS>(V_j, V + head, j * DQ_Bc, N);
+        load_tile<T, D, DQ_Bc, DQ_THREADS>(K_j, K + head, j * DQ_Bc, N);
+        load_tile<T, D, DQ_Bc, DQ_THREADS>(V_j, V + head, j * DQ_Bc, N);
         cp_async_commit();
         cp_async_wait<0>();
         __syncthreads(); /* K_j, V_j (and Q_i, dO_i on the first step) in shared memory */
@@ -439,13 +438,13 @@ stage9_dq_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__re
 #pragma unroll
         for (int k = 0; k < D; k += 16) {
             uint32_t Qf[4], dOf[4];
-            stage9_frag_A<D>(Qf, Q_i, q_w, k);
-            stage9_frag_A<D>(dOf, dO_i, q_w, k);
+            frag_A<D>(Qf, Q_i, q_w, k);
+            frag_A<D>(dOf, dO_i, q_w, k);
 #pragma unroll
             for (int kb = 0; kb < DQ_Bc / 16; kb++) {
                 uint32_t Kf[4], Vf[4];
-                stage9_frag_Bt<D>(Kf, K_j, kb * 16, k);
-                stage9_frag_Bt<D>(Vf, V_j, kb * 16, k);
+                frag_Bt<D>(Kf, K_j, kb * 16, k);
+                frag_Bt<D>(Vf, V_j, kb * 16, k);
                 M::mma(S[2 * kb], Qf, &Kf[0]);
                 M::mma(S[2 * kb + 1], Qf, &Kf[2]);
                 M::mma(dP[2 * kb], dOf, &Vf[0]);
@@ -467,11 +466,11 @@ stage9_dq_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__re
 #pragma unroll
         for (int kb = 0; kb < DQ_Bc / 16; kb++) {
             uint32_t dSa[4];
-            stage9_pack_A<T>(dSa, S[2 * kb], S[2 * kb + 1]);
+            pack_A<T>(dSa, S[2 * kb], S[2 * kb + 1]);
 #pragma unroll
             for (int n = 0; n < D; n += 16) {
                 uint32_t Kf[4];
-                stage9_frag_B<D>(Kf, K_j, kb * 16, n);
+                frag_B<D>(Kf, K_j, kb * 16, n);
                 M::mma(dQ_acc[n / 8], dSa, &Kf[0]);
                 M::mma(dQ_acc[n / 8 + 1], dSa, &Kf[2]);
             }
@@ -491,7 +490,7 @@ stage9_dq_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__re
 /* dQ = scale * the fp32 accumulator, in the input dtype, 8 elements (two float4 in, 16 bytes out)
  * per thread and step; n8 = elements / 8 (d is a multiple of 8). */
 template <typename T>
-static __global__ void stage9_convert_kernel(const float *__restrict__ dQ_acc, T *__restrict__ dQ, size_t n8, float scale)
+__global__ void stage10_convert_kernel(const float *__restrict__ dQ_acc, T *__restrict__ dQ, size_t n8, float scale)
 {
     typedef mma16<T> M;
     for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < n8; k += (size_t)gridDim.x * blockDim.x) {
@@ -504,41 +503,40 @@ static __global__ void stage9_convert_kernel(const float *__restrict__ dQ_acc, T
 /* ---- launcher ---- */
 
 /* The workspace: the fp32 dQ accumulator, then D and L * log2(e) (fp32, one each per row). */
-static size_t stage9_workspace_bytes(const struct shape *sh)
+size_t workspace_bytes(const struct shape *sh)
 {
     return 2 * shape_rows(sh) * sizeof(float) + shape_elems(sh) * sizeof(float);
 }
 
 template <typename T, int D>
-static int stage9_launch(const struct attn_args *a, char *why, size_t n)
+int launch(const struct attn_args *a, char *why, size_t n)
 {
     const struct shape *sh = &a->sh;
     const long long bh = (long long)sh->B * sh->H;
     if (bh > 65535) {
-        snprintf(why, n, "stage9: batch * heads = %lld is more than a grid's y dimension holds (65535)", bh);
-        return 1;
+        snprintf(why, n, "batch * heads = %lld is more than a grid's y dimension holds (65535)", bh);
+        return ATTN_UNSUPPORTED;
     }
-    const size_t kv_smem = stage9_kv_smem<D>::bytes, q_smem = stage9_q_smem<D>::bytes;
-    if (smem_optin(stage9_dkdv_kernel<T, D>, kv_smem, "stage9", D, why, n) ||
-        smem_optin(stage9_dq_kernel<T, D>, q_smem, "stage9", D, why, n))
-        return 1;
+    const size_t kv_smem = kv_smem_layout<D>::bytes, q_smem = q_smem_layout<D>::bytes;
+    if (int rc = smem_optin(stage10_dkdv_kernel<T, D>, kv_smem, D, why, n)) return rc;
+    if (int rc = smem_optin(stage10_dq_kernel<T, D>, q_smem, D, why, n)) return rc;
 
     const size_t rows = shape_rows(sh), elems = shape_elems(sh);
     float *dQ_acc = (float *)a->work, *Dsum = dQ_acc + elems, *L2 = Dsum + rows; /* dQ_acc first: 16-byte aligned */
     const T *Q = (const T *)a->Q, *K = (const T *)a->K, *V = (const T *)a->V, *O = (const T *)a->O;
     const T *dO = (const T *)a->dO;
 
-    stage9_preprocess_kernel<T, D><<<(unsigned)CEIL_DIV(rows, PRE_THREADS / (D / 8)), PRE_THREADS>>>(
+    stage10_preprocess_kernel<T, D><<<(unsigned)CEIL_DIV(rows, PRE_THREADS / (D / 8)), PRE_THREADS>>>(
         O, dO, a->L, Dsum, L2, a->deterministic ? NULL : dQ_acc, rows);
     CUDA_TRY(cudaGetLastError());
-    stage9_dkdv_kernel<T, D><<<dim3(CEIL_DIV(sh->N, Bc), (unsigned)bh), KV_THREADS, kv_smem>>>(
+    stage10_dkdv_kernel<T, D><<<dim3(CEIL_DIV(sh->N, Bc), (unsigned)bh), KV_THREADS, kv_smem>>>(
         Q, K, V, dO, L2, Dsum, (T *)a->dK, (T *)a->dV, dQ_acc, sh->N, sh->causal, sh->scale, !a->deterministic);
     CUDA_TRY(cudaGetLastError());
     if (a->deterministic) {
-        stage9_dq_kernel<T, D><<<dim3(CEIL_DIV(sh->N, DQ_Br), (unsigned)bh), DQ_THREADS, q_smem>>>(
+        stage10_dq_kernel<T, D><<<dim3(CEIL_DIV(sh->N, DQ_Br), (unsigned)bh), DQ_THREADS, q_smem>>>(
             Q, K, V, dO, L2, Dsum, (T *)a->dQ, sh->N, sh->causal, sh->scale);
     } else {
-        stage9_convert_kernel<T><<<(unsigned)std::min<size_t>(CEIL_DIV(elems / 8, 256), 65535), 256>>>(
+        stage10_convert_kernel<T><<<(unsigned)std::min<size_t>(CEIL_DIV(elems / 8, 256), 65535), 256>>>(
             dQ_acc, (T *)a->dQ, elems / 8, sh->scale);
     }
     CUDA_TRY(cudaGetLastError());
@@ -546,39 +544,41 @@ static int stage9_launch(const struct attn_args *a, char *why, size_t n)
 }
 
 template <typename T>
-static int stage9_dispatch(const struct attn_args *a, char *why, size_t n)
+int dispatch(const struct attn_args *a, char *why, size_t n)
 {
-    if (a->sh.d == 64) return stage9_launch<T, 64>(a, why, n);
-    if (a->sh.d == 128) return stage9_launch<T, 128>(a, why, n);
-    snprintf(why, n, "stage9 supports head dim 64 or 128 (got d=%d)", a->sh.d);
-    return 1;
+    if (a->sh.d == 64) return launch<T, 64>(a, why, n);
+    if (a->sh.d == 128) return launch<T, 128>(a, why, n);
+    snprintf(why, n, "supports head dim 64 or 128 (got d=%d)", a->sh.d);
+    return ATTN_UNSUPPORTED;
 }
 
-static int stage9_backward(const struct attn_args *a, char *why, size_t n)
+int backward(const struct attn_args *a, char *why, size_t n)
 {
     if (a->work == NULL) {
-        snprintf(why, n, "stage9 needs its workspace (D and the fp32 dQ accumulator) and got none");
-        return 1;
+        snprintf(why, n, "needs its workspace (D and the fp32 dQ accumulator) and got none");
+        return ATTN_UNSUPPORTED;
     }
-    if (a->dtype == DT_F16) return stage9_dispatch<__half>(a, why, n);
-    if (a->dtype == DT_BF16) return stage9_dispatch<__nv_bfloat16>(a, why, n);
-    snprintf(why, n, "stage9 supports fp16 and bf16 (got %s)", dtype_name(a->dtype));
-    return 1;
+    if (a->dtype == DT_F16) return dispatch<__half>(a, why, n);
+    if (a->dtype == DT_BF16) return dispatch<__nv_bfloat16>(a, why, n);
+    snprintf(why, n, "supports fp16 and bf16 (got %s)", dtype_name(a->dtype));
+    return ATTN_UNSUPPORTED;
 }
 
-/* The forward is stage 8's: O and L for the backward come from it. */
-extern "C" const struct stage stage8_desc;
-static int stage9_forward(const struct attn_args *a, char *why, size_t n) { return stage8_desc.forward(a, why, n); }
+} // namespace
 
-extern "C" const struct stage stage9_desc = {
-    .name = "stage9",
+/* The forward is stage 9's: O and L for the backward come from it. */
+extern "C" const struct stage stage9_desc;
+static int forward(const struct attn_args *a, char *why, size_t n) { return stage9_desc.forward(a, why, n); }
+
+extern "C" const struct stage stage10_desc = {
+    .name = "stage10",
     .idea = "FA-2 backward: P recomputed from L, parallel over K/V tiles, dQ accumulated in fp32",
     .device = ON_GPU,
-    .forward = stage9_forward,
-    .backward = stage9_backward,
+    .forward = forward,
+    .backward = backward,
     .dims = {64, 128},
     .dtypes = DT_F16 | DT_BF16,
-    .workspace_bytes = stage9_workspace_bytes,
+    .workspace_bytes = workspace_bytes,
     .openmp = 0,
     .hbm_traffic = NULL,
     .measures_backward = 1,

@@ -1,0 +1,414 @@
+/* 08_seq_parallel.cu: FlashAttention-2 forward, parallel over the sequence (FA-2 paper, section 3.2)
+ *
+ * Changed from stage 7: the grid is (batch * heads) x (Q tiles): one block per Q tile instead of
+ *   one per head, so a single head of a long sequence fills the GPU. With a causal mask a block
+ *   never visits the K/V tiles wholly right of the diagonal, masks only the tiles that need it,
+ *   and the heaviest Q tiles (the last ones, which see the most keys) are launched first.
+ *   Then the engineering that makes it FlashAttention-2's speed, each step measured in
+ *   notes/08_seq_parallel.md:
+ *   - K_{j+1} and V_{j+1} are copied (cp.async) into a second buffer while tile j computes:
+ *     one barrier per K/V step instead of two, and every load has a whole step to arrive;
+ *   - shared-memory tiles are unpadded and swizzled (16-byte chunks XOR-permuted by row), so
+ *     cp.async writes and ldmatrix reads are free of bank conflicts;
+ *   - scores stay raw: exp(scale * s - scale * m) is one FFMA and one exp2, with scale * log2(e)
+ *     folded into one constant; row sums stay per thread until the end;
+ *   - tile sizes and warps per block chosen per head dim (configuration below); each warp owns 32
+ *     rows where registers allow, so every K and V fragment it loads feeds two mma;
+ *   - O leaves through shared memory (each warp's own rows of the Q tile) in 16-byte stores.
+ *   fp16 and bf16 (one kernel, the element type a template parameter); d = 32, 64, 128, 256.
+ * Measured on H200: see notes/08_seq_parallel.md.
+ * Run: ./stage9 --batch 1 --heads 1 --seqlen 16384 --dim 128 --causal
+ */
+#include "common/attn.h"
+#include "common/cuda/counters.cuh"
+#include "common/cuda/cuda_check.h"
+#include "common/cuda/defs.cuh"
+#include "common/cuda/launch.cuh"
+#include "common/cuda/mma.cuh"
+
+#include <algorithm>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdio.h>
+
+namespace {
+
+/* ---- configuration ---- */
+
+/* Per head dim: NWARPS warps, each owning M_TILES m16 tiles (16 * M_TILES rows) of the Q tile, and
+ * K/V tiles of Bc keys. Per thread a warp's rows hold M_TILES * HeadDim / 2 fp32 of O_i and
+ * M_TILES * Bc / 2 of S_ij; the sum must stay well under the 255 registers a thread may use, or
+ * the kernel spills (check with -Xptxas -v). Two rows' tiles per warp (M_TILES = 2) halve the
+ * shared-memory reads per mma: each K or V fragment serves both. */
+template <int HeadDim>
+struct cfg;
+template <>
+struct cfg<32> { static constexpr int NWARPS = 4, M_TILES = 2, Bc = 128, Bs = 128; };  /* O 32 + S 128 */
+template <>
+struct cfg<64> { static constexpr int NWARPS = 4, M_TILES = 2, Bc = 128, Bs = 128; };  /* O 64 + S 128 */
+template <>
+struct cfg<128> { static constexpr int NWARPS = 4, M_TILES = 2, Bc = 64, Bs = 32; };  /* O 128 + S 32 */
+template <>
+struct cfg<256> { static constexpr int NWARPS = 4, M_TILES = 1, Bc = 64, Bs = 64; };  /* O 128 + S 32 */
+
+/* Everything derived from the configuration: tile sizes and the shared-memory layout. */
+template <int HeadDim>
+struct tiles {
+    typedef cfg<HeadDim> C;
+    static constexpr int NWARPS = C::NWARPS, M_TILES = C::M_TILES, Bc = C::Bc, Bs = C::Bs;
+    static constexpr int NTHREADS = NWARPS * WARP_SIZE;
+    static constexpr int ROWS_PER_WARP = 16 * M_TILES;
+    static constexpr int Br = NWARPS * ROWS_PER_WARP;
+    /* Q_i [Br][HeadDim], then two buffers of K_j [Bc][HeadDim] and V_j [Bc][HeadDim], all 16-bit, swizzled */
+    static constexpr size_t Q_i = 0;
+    static constexpr size_t K_j = Q_i + 2 * (size_t)Br * HeadDim;
+    static constexpr size_t V_j = K_j + 2 * 2 * (size_t)Bc * HeadDim;
+    static constexpr size_t bytes = V_j + 2 * 2 * (size_t)Bc * HeadDim;
+    static_assert(HeadDim % 16 == 0 && HeadDim >= 32, "head dim must be whole k16 steps, and at least 32 (swizzle)");
+    static_assert(Bs % 16 == 0 && Bc % Bs == 0, "sub-tiles must be whole k16 steps of P_ij V_j and divide Bc");
+};
+
+/* ---- kernel ---- */
+
+/* The swizzle. A tile row of HeadDim 16-bit elements is HeadDim / 8 chunks of 16 bytes. ldmatrix reads one
+ * chunk from each of 8 consecutive rows; unpadded, those 8 chunks would sit in the same banks
+ * (HeadDim = 64: rows 128 bytes apart). Storing logical chunk c of row r at chunk c ^ f(r), where f(r)
+ * takes 8 different values over any 8 consecutive rows' 128-byte lines, puts them in 8 different
+ * 16-byte bank groups. HeadDim >= 64: f(r) = r mod 8. HeadDim = 32 (two rows per 128-byte line):
+ * f(r) = (r / 2) mod 4, and the two rows sharing a line differ in their half of it. */
+template <int HeadDim>
+__device__ __forceinline__ int swz(int row, int chunk)
+{
+    constexpr int CHUNKS = HeadDim / 8;
+    const int f = CHUNKS >= 8 ? (row & 7) : ((row / (8 / CHUNKS)) & (CHUNKS - 1));
+    return row * HeadDim + ((chunk ^ f) << 3); /* element offset */
+}
+
+/* ldmatrix addresses, in 32-bit shared-memory bytes. A lane's address for logical (row, chunk) is
+ * split into a part that depends on the lane (computed once: lane_addr) and a compile-time
+ * step (step) of whole 8-row groups and an even number of chunks. Because the step keeps
+ * row mod 8 and adds no carry into the swizzled chunk bits, it is an XOR of constant bits plus a
+ * constant: each ldmatrix costs one or two integer instructions, and the kernel does not keep one
+ * register per fragment address (it runs at the 255-register limit). */
+template <int HeadDim>
+__device__ __forceinline__ unsigned lane_addr(unsigned tile, int row, int chunk)
+{
+    return tile + 2 * swz<HeadDim>(row, chunk);
+}
+template <int HeadDim>
+__device__ __forceinline__ unsigned step(unsigned lane_addr, int rows, int chunks)
+{
+    constexpr int LINE = HeadDim / 8 >= 8 ? 8 : HeadDim / 8; /* chunks the swizzle permutes together */
+    return (lane_addr ^ ((chunks % LINE) << 4)) + rows * HeadDim * 2 + (chunks / LINE) * 16 * LINE;
+}
+
+/* Rows row0 .. row0+ROWS-1 of one head's [N, HeadDim] matrix into a swizzled shared tile, 16 bytes per
+ * cp.async. Rows at or past N are zero-filled (and never read from HBM). */
+template <typename T, int HeadDim, int ROWS, int NTHREADS>
+__device__ __forceinline__ void load_tile(T *tile, const T *src, int row0, int N)
+{
+    constexpr int CHUNKS = HeadDim / 8;
+    for (int c = threadIdx.x; c < ROWS * CHUNKS; c += NTHREADS) {
+        const int r = c / CHUNKS, chunk = c % CHUNKS;
+        const bool valid = row0 + r < N;
+        const T *from = src + (size_t)(valid ? row0 + r : 0) * HeadDim + chunk * 8;
+        cp_async_16_zfill(tile + swz<HeadDim>(r, chunk), from, valid);
+    }
+}
+
+/* COUNT: the counting build for --counters (common/cuda/counters.cuh); the timed build has none. */
+template <typename T, int HeadDim, bool COUNT>
+__global__ void __launch_bounds__(tiles<HeadDim>::NTHREADS)
+stage9_pipelined_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__restrict__ V,
+                           T *__restrict__ O, float *__restrict__ L, int N, int causal, float scale_log2,
+                           unsigned long long *counters)
+{
+    typedef tiles<HeadDim> TL;
+    typedef mma16<T> M;
+    constexpr int NTHREADS = TL::NTHREADS, M_TILES = TL::M_TILES, Br = TL::Br, Bc = TL::Bc;
+    constexpr int Bs = TL::Bs;
+    constexpr int KT = Bs / 8; /* n8 key tiles of S_ij */
+    constexpr int DT = HeadDim / 8;  /* n8 column tiles of O_i */
+    extern __shared__ __align__(128) unsigned char smem[];
+    T *Q_i = (T *)(smem + TL::Q_i);
+    T *K_buf = (T *)(smem + TL::K_j); /* [2][Bc][HeadDim] */
+    T *V_buf = (T *)(smem + TL::V_j); /* [2][Bc][HeadDim] */
+
+    const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
+    const int g = lane >> 2, t = lane & 3;      /* groupID, tid_in_group (see mma.cuh) */
+    const int row0 = warp * TL::ROWS_PER_WARP;  /* this warp's rows of Q_i, O_i */
+    /* this lane's ldmatrix addresses at the first fragment of each operand (see step) */
+    const unsigned Q_lane = lane_addr<HeadDim>((unsigned)__cvta_generic_to_shared(Q_i), row0 + (lane & 15), lane >> 4);
+    const unsigned K_lane = lane_addr<HeadDim>((unsigned)__cvta_generic_to_shared(K_buf),
+                                                (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
+    const unsigned V_lane = lane_addr<HeadDim>((unsigned)__cvta_generic_to_shared(V_buf), lane & 15, lane >> 4);
+    constexpr unsigned TILE_BYTES = 2 * Bc * HeadDim; /* one K (or V) buffer */
+
+    /* The grid: x = (batch, head), y = Q tile. Blocks start in linear order (x fastest), so with a
+     * causal mask y = 0 takes the last Q tile, which sees the most K/V tiles: the longest blocks
+     * start first and the short ones fill in at the end. */
+    const int Tr = gridDim.y;
+    const int i = causal ? Tr - 1 - (int)blockIdx.y : (int)blockIdx.y;
+    const size_t bh = blockIdx.x, head = bh * N * HeadDim;
+    Q += head, K += head, V += head, O += head, L += bh * N;
+    const int q0 = i * Br; /* first query row of this tile */
+    /* K/V tiles this Q tile sees: all of them, or (causal) up to the one holding its last row */
+    const int Tc = CEIL_DIV(N, Bc);
+    const int n_tiles = causal ? min(Tc, (min(q0 + Br, N) - 1) / Bc + 1) : Tc;
+    work_tally<COUNT> tally;
+
+    /* Q_i, K_0 and V_0: one cp.async group. */
+    load_tile<T, HeadDim, Br, NTHREADS>(Q_i, Q, q0, N);
+    load_tile<T, HeadDim, Bc, NTHREADS>(K_buf, K, 0, N);
+    load_tile<T, HeadDim, Bc, NTHREADS>(V_buf, V, 0, N);
+    cp_async_commit();
+
+    /* This lane's rows are row0 + 16 mt + 8 h + g (mt < M_TILES, h = 0, 1). m_i is the running
+     * max of the raw scores (not yet scaled); l_i is this lane's part of the row sum (its 2 of
+     * every 8 columns), added across the quad only at the end. */
+    float O_acc[M_TILES][DT][4] = {};
+    float m_i[M_TILES][2], l_i[M_TILES][2];
+#pragma unroll
+    for (int mt = 0; mt < M_TILES; mt++) m_i[mt][0] = m_i[mt][1] = -INFINITY, l_i[mt][0] = l_i[mt][1] = 0.f;
+
+    for (int j = 0; j < n_tiles; j++) {
+        cp_async_wait<0>();
+        __syncthreads(); /* K_j, V_j (and Q_i) in shared memory; every warp is done with tile j-1,
+                          * so its buffer is free for tile j+1 */
+        if (j + 1 < n_tiles) { /* tile j+1 copies while tile j computes */
+            const int b = (j + 1) & 1;
+            load_tile<T, HeadDim, Bc, NTHREADS>(K_buf + b * Bc * HeadDim, K, (j + 1) * Bc, N);
+            load_tile<T, HeadDim, Bc, NTHREADS>(V_buf + b * Bc * HeadDim, V, (j + 1) * Bc, N);
+        }
+        cp_async_commit();
+        const unsigned K_j = K_lane + (j & 1) * TILE_BYTES, V_j = V_lane + (j & 1) * TILE_BYTES;
+
+        /* The tile in sub-tiles of Bs keys (Bs = Bc where registers allow): scores, softmax and
+         * P_ij V_j for each in turn, so only Bs / 2 scores per row tile are live at once. Not
+         * unrolled: unrolled, the compiler overlaps two sub-tiles and runs out of registers. */
+#pragma unroll 1
+        for (int sb = 0; sb < Bc; sb += Bs) {
+            const int key0 = j * Bc + sb; /* first key of this sub-tile */
+            /* S_ij = Q_i K_j^T (raw: the scale is applied inside the exponential), this warp's rows */
+            float S_ij[M_TILES][KT][4] = {};
+    #pragma unroll
+            for (int k = 0; k < HeadDim; k += 16) {
+                uint32_t Qf[M_TILES][4]; /* A fragments: rows 16 mt .. +15, columns k .. k+15 */
+    #pragma unroll
+                for (int mt = 0; mt < M_TILES; mt++)
+                    ldmatrix_x4_at(Qf[mt], step<HeadDim>(Q_lane, mt * 16, k / 8));
+    #pragma unroll
+                for (int kb = 0; kb < Bs / 16; kb++) {
+                    uint32_t Kf[4]; /* B fragments: Kf[0..1] keys 16kb .. +7, Kf[2..3] keys 16kb+8 .. +15 */
+                    ldmatrix_x4_at(Kf, step<HeadDim>(K_j, sb + kb * 16, k / 8));
+    #pragma unroll
+                    for (int mt = 0; mt < M_TILES; mt++) {
+                        M::mma(S_ij[mt][2 * kb], Qf[mt], &Kf[0]);
+                        M::mma(S_ij[mt][2 * kb + 1], Qf[mt], &Kf[2]);
+                    }
+                }
+            }
+
+            /* Masks, only on the tiles that need them: the tail tile (keys past N) and, when causal,
+             * the tiles that cross the diagonal (some key after some query of this tile). */
+            if (key0 + Bs > N || (causal && key0 + Bs - 1 > q0)) {
+    #pragma unroll
+                for (int mt = 0; mt < M_TILES; mt++)
+    #pragma unroll
+                    for (int nt = 0; nt < KT; nt++)
+    #pragma unroll
+                        for (int c = 0; c < 4; c++) {
+                            const int key = key0 + nt * 8 + 2 * t + (c & 1);
+                            const int query = q0 + row0 + mt * 16 + 8 * (c >> 1) + g;
+                            if (key >= N || (causal && key > query)) S_ij[mt][nt][c] = -INFINITY;
+                        }
+            }
+
+            /* The online softmax per row, in registers (stage 7's, with the scale folded in):
+             *   m_new = max(m_i, rowmax(S_ij));  base = scale * m_new * log2(e)
+             *   P_ij  = exp2(scale_log2 * S_ij - base)          one FFMA and one MUFU per score
+             *   alpha = exp2(scale_log2 * m_i - base);  l_i = alpha l_i + rowsum(P_ij);  O_i *= alpha
+             * A row masked so far has m_new = -inf: base = 0, so P_ij = exp2(-inf) = 0, not NaN. */
+    #pragma unroll
+            for (int mt = 0; mt < M_TILES; mt++)
+    #pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    float mx = m_i[mt][h];
+    #pragma unroll
+                    for (int nt = 0; nt < KT; nt++) mx = fmaxf(mx, fmaxf(S_ij[mt][nt][2 * h], S_ij[mt][nt][2 * h + 1]));
+                    mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1)); /* the quad holds the row */
+                    mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
+                    const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
+                    const float alpha = exp2_approx(m_i[mt][h] * scale_log2 - base);
+                    m_i[mt][h] = mx;
+                    float sum = 0.f;
+    #pragma unroll
+                    for (int nt = 0; nt < KT; nt++) {
+                        const float p0 = exp2_approx(fmaf(S_ij[mt][nt][2 * h], scale_log2, -base));
+                        const float p1 = exp2_approx(fmaf(S_ij[mt][nt][2 * h + 1], scale_log2, -base));
+                        S_ij[mt][nt][2 * h] = p0, S_ij[mt][nt][2 * h + 1] = p1;
+                        sum += p0 + p1;
+                    }
+                    l_i[mt][h] = alpha * l_i[mt][h] + sum;
+    #pragma unroll
+                    for (int nt = 0; nt < DT; nt++) O_acc[mt][nt][2 * h] *= alpha, O_acc[mt][nt][2 * h + 1] *= alpha;
+                    if (t == 0 && q0 + row0 + mt * 16 + 8 * h + g < N) tally.add(CNT_ROW_CORRECT);
+                }
+            /* O_i += P_ij V_j, one k16 step of keys at a time. P_ij is packed into 16-bit A fragments
+             * just before its step (two n8 key tiles' C layout is one k16 tile's A layout), so the
+             * fp32 scores of a step die as its fragments are made: fewer registers live at once. Each
+             * V fragment serves this warp's M_TILES row tiles. */
+    #pragma unroll
+            for (int kb = 0; kb < Bs / 16; kb++) {
+                uint32_t P_ij[M_TILES][4];
+    #pragma unroll
+                for (int mt = 0; mt < M_TILES; mt++) {
+                    P_ij[mt][0] = M::pack(S_ij[mt][2 * kb][0], S_ij[mt][2 * kb][1]);
+                    P_ij[mt][1] = M::pack(S_ij[mt][2 * kb][2], S_ij[mt][2 * kb][3]);
+                    P_ij[mt][2] = M::pack(S_ij[mt][2 * kb + 1][0], S_ij[mt][2 * kb + 1][1]);
+                    P_ij[mt][3] = M::pack(S_ij[mt][2 * kb + 1][2], S_ij[mt][2 * kb + 1][3]);
+                }
+    #pragma unroll
+                for (int n = 0; n < HeadDim; n += 16) {
+                    uint32_t Vf[4]; /* B fragments: Vf[0..1] columns n..n+7, Vf[2..3] columns n+8.. */
+                    ldmatrix_x4_trans_at(Vf, step<HeadDim>(V_j, sb + kb * 16, n / 8));
+    #pragma unroll
+                    for (int mt = 0; mt < M_TILES; mt++) {
+                        M::mma(O_acc[mt][n / 8], P_ij[mt], &Vf[0]);
+                        M::mma(O_acc[mt][n / 8 + 1], P_ij[mt], &Vf[2]);
+                    }
+                }
+            }
+        }
+    }
+
+    /* The one normalization, O_i / l_i, and L = scale * m + log(l) in nats. O goes through this
+     * warp's own rows of the Q tile in shared memory (no other warp reads them), then out in
+     * 16-byte stores along each row. */
+    __syncwarp(); /* every lane of this warp is past its last ldmatrix of these rows */
+#pragma unroll
+    for (int mt = 0; mt < M_TILES; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float sum = l_i[mt][h];
+            sum += __shfl_xor_sync(FULL_MASK, sum, 1);
+            sum += __shfl_xor_sync(FULL_MASK, sum, 2);
+            const float inv_l = sum > 0.f ? 1.f / sum : 0.f; /* an all-masked row gives O = 0 */
+            const int r = row0 + mt * 16 + 8 * h + g, query = q0 + r;
+            if (t == 0 && query < N) {
+                tally.add(CNT_ROW_NORMALIZE);
+                L[query] = m_i[mt][h] * scale_log2 * LN2 + logf(sum);
+            }
+#pragma unroll
+            for (int nt = 0; nt < DT; nt++)
+                *(uint32_t *)&Q_i[swz<HeadDim>(r, nt) + 2 * t] =
+                    M::pack(O_acc[mt][nt][2 * h] * inv_l, O_acc[mt][nt][2 * h + 1] * inv_l);
+        }
+    __syncwarp(); /* this warp's O rows in shared memory before its lanes copy them out */
+    constexpr int CHUNKS = HeadDim / 8;
+    for (int c = lane; c < TL::ROWS_PER_WARP * CHUNKS; c += WARP_SIZE) {
+        const int r = row0 + c / CHUNKS, chunk = c % CHUNKS, query = q0 + r;
+        if (query < N)
+            *(uint4 *)&O[(size_t)query * HeadDim + chunk * 8] = *(const uint4 *)&Q_i[swz<HeadDim>(r, chunk)];
+    }
+    tally.flush(counters);
+}
+
+/* ---- launcher ---- */
+
+/* Rows of K (and V) read for the Q tiles of one head: each Q tile reads the K/V tiles it sees. */
+template <int HeadDim>
+double kv_rows_read(const struct shape *sh)
+{
+    typedef tiles<HeadDim> TL;
+    const int N = sh->N, Tr = CEIL_DIV(N, TL::Br), Tc = CEIL_DIV(N, TL::Bc);
+    double rows = 0;
+    for (int i = 0; i < Tr; i++) {
+        const int n_tiles = sh->causal ? std::min(Tc, (std::min((i + 1) * TL::Br, N) - 1) / TL::Bc + 1) : Tc;
+        rows += std::min(n_tiles * TL::Bc, N);
+    }
+    return rows;
+}
+
+/* The HBM bytes the loop structure moves: Q once; K_j, V_j once per Q tile that sees them; O and L
+ * once. (16-bit elements in both dtypes.) */
+void hbm_bytes(const struct shape *sh, struct hbm_traffic *t)
+{
+    const double kv_rows = sh->d == 32 ? kv_rows_read<32>(sh) : sh->d == 64 ? kv_rows_read<64>(sh)
+                           : sh->d == 128 ? kv_rows_read<128>(sh) : kv_rows_read<256>(sh);
+    const double heads = (double)sh->B * sh->H, d = sh->d, N = sh->N;
+    t->Q = heads * N * d * 2;
+    t->KV = heads * 2.0 * kv_rows * d * 2;
+    t->O = heads * N * d * 2;
+    t->O_work = 0;
+    t->rowstats = heads * N * sizeof(float); /* L */
+    t->q_reads = 1;
+}
+
+template <typename T, int HeadDim, bool COUNT>
+int launch(const struct attn_args *a, char *why, size_t n)
+{
+    typedef tiles<HeadDim> TL;
+    const size_t smem = TL::bytes;
+    if (int rc = smem_optin(stage9_pipelined_kernel<T, HeadDim, COUNT>, smem, HeadDim, why, n)) return rc;
+
+    const struct shape *sh = &a->sh;
+    const long long bh = (long long)sh->B * sh->H;
+    if (bh > 2147483647LL) {
+        snprintf(why, n, "batch * heads = %lld is more than a grid dimension holds (2^31 - 1)", bh);
+        return ATTN_UNSUPPORTED;
+    }
+    /* (batch, head) in x, Q tiles in y: at most 2^20 / 64 = 16384 tiles, under y's 65535 */
+    const dim3 grid((unsigned)bh, CEIL_DIV(sh->N, TL::Br));
+    const dim3 block(TL::NTHREADS);
+    stage9_pipelined_kernel<T, HeadDim, COUNT><<<grid, block, smem>>>(
+        (const T *)a->Q, (const T *)a->K, (const T *)a->V, (T *)a->O, a->L, sh->N, sh->causal,
+        sh->scale * LOG2E, a->counters);
+    CUDA_TRY(cudaGetLastError());
+    return 0;
+}
+
+/* dtype, head dim and counting build -> the kernel's template arguments */
+template <typename T, bool COUNT>
+int dispatch_d(const struct attn_args *a, char *why, size_t n)
+{
+    switch (a->sh.d) {
+    case 32: return launch<T, 32, COUNT>(a, why, n);
+    case 64: return launch<T, 64, COUNT>(a, why, n);
+    case 128: return launch<T, 128, COUNT>(a, why, n);
+    case 256: return launch<T, 256, COUNT>(a, why, n);
+    }
+    snprintf(why, n, "supports head dim 32, 64, 128 or 256 (got d=%d)", a->sh.d);
+    return ATTN_UNSUPPORTED;
+}
+
+template <typename T>
+int dispatch(const struct attn_args *a, char *why, size_t n)
+{
+    return a->counters ? dispatch_d<T, true>(a, why, n) : dispatch_d<T, false>(a, why, n);
+}
+
+int forward(const struct attn_args *a, char *why, size_t n)
+{
+    if (a->dtype == DT_F16) return dispatch<__half>(a, why, n);
+    if (a->dtype == DT_BF16) return dispatch<__nv_bfloat16>(a, why, n);
+    snprintf(why, n, "supports fp16 and bf16 (got %s)", dtype_name(a->dtype));
+    return ATTN_UNSUPPORTED;
+}
+
+} // namespace
+
+extern "C" const struct stage stage9_desc = {
+    .name = "stage9",
+    .idea = "sequence parallel: one block per (Q tile, head), causal tiles skipped; pipelined and swizzled",
+    .device = ON_GPU,
+    .forward = forward,
+    .backward = NULL,
+    .dims = {32, 64, 128, 256},
+    .dtypes = DT_F16 | DT_BF16,
+    .workspace_bytes = NULL,
+    .openmp = 0,
+    .hbm_traffic = hbm_bytes,
+    .measures_backward = 0,
+};
