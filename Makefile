@@ -147,23 +147,29 @@ sanitize: $(GPU_BINS)
 	    compute-sanitizer --tool $$tool --error-exitcode 1 ./$(b) $$s --batch 1 --heads 2 --warmup 0 --iters 1; \
 	done; done;)
 
-bench: $(GPU_BINS)
-	FA_COMMIT=$(COMMIT) STAGES="$(GPU_BINS)" plots/bench.sh
+# the GPU stages whose rows are forward: all but stage 10, which measures a backward (make
+# bench-ncu runs these; the charts name the ones with no rows yet)
+FWD_BINS = $(filter-out stage10,$(GPU_BINS))
 
-# Nsight Compute's DRAM bytes for each GPU stage beside its formula, into plots/data/<gpu>_hbm.csv
-# (the forward stages: their --counters print the formula; stage 10 measures a backward)
-NCU_BINS = $(filter-out stage10,$(GPU_BINS))
-bench-ncu: $(NCU_BINS)
-	FA_COMMIT=$(COMMIT) STAGES="$(NCU_BINS)" plots/bench_ncu.sh
+# every GPU stage and PyTorch's SDPA (flash, cuDNN) over the FA-2 paper's grid, in one run,
+# appended to bench/data/<gpu>.csv (stage 10's rows are its backward)
+bench: $(GPU_BINS)
+	FA_COMMIT=$(COMMIT) STAGES="$(GPU_BINS)" bench/bench.sh
+
+# Nsight Compute's DRAM bytes for each forward GPU stage beside its formula (its --counters print
+# the formula), into bench/data/<gpu>_hbm.csv
+bench-ncu: $(FWD_BINS)
+	FA_COMMIT=$(COMMIT) STAGES="$(FWD_BINS)" bench/bench_ncu.sh
 
 # ---- on any machine ----
-# the CPU stages over N, into plots/data/cpu.csv (the CPU and memory charts are drawn from it)
+# the CPU stages over N, into bench/data/cpu.csv (the CPU and memory charts are drawn from it)
 bench-cpu: $(CPU_BINS)
-	FA_COMMIT=$(COMMIT) STAGES="$(CPU_BINS)" plots/bench_cpu.sh
+	FA_COMMIT=$(COMMIT) STAGES="$(CPU_BINS)" bench/bench_cpu.sh
 
-# every chart (PNG and SVG) and the README's results table, from plots/data/*.csv alone
+# every chart (PNG and SVG, into plots/) and the README's results table, from bench/data/ alone;
+# the stage lists name the stages not measured yet (README=FILE: the table into FILE instead)
 plots:
-	plots/plot.sh
+	CPU_BINS="$(CPU_BINS)" GPU_BINS="$(GPU_BINS)" FWD_BINS="$(FWD_BINS)" plots/plot.sh
 
 # ---- reading a stage: what changed from the one before ----
 # (-b: a block that only moved in or out by a level of indentation reads as unchanged)

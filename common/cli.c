@@ -1,23 +1,89 @@
-/* cli.c: the one command line every stage takes. Bad input exits 2 with a one-line reason. */
+/* cli.c: the one command line every stage takes. Bad input exits 2 with a one-line reason,
+ * before any device is looked for. A stage is offered (and accepts) only the options that apply
+ * to it: the table below says which. */
 #include "harness.h"
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+/* ---- which options a stage takes ---- */
+
+enum takes { ANY_STAGE, GPU_STAGE, GPU_FORWARD, BACKWARD, FORWARD };
+
+static int stage_takes(const struct stage *st, enum takes t)
+{
+    switch (t) {
+    case ANY_STAGE: return 1;
+    case GPU_STAGE: return st->device == ON_GPU;
+    case GPU_FORWARD: return st->device == ON_GPU && !st->measures_backward; /* its kernel has a counting build */
+    case BACKWARD: return st->measures_backward;
+    case FORWARD: return !st->measures_backward; /* --load and --save: the forward's tensors */
+    }
+    return 0;
+}
+
+static const struct option_def {
+    const char *name;
+    int has_value;
+    enum takes takes;
+} options[] = {
+    {"--batch", 1, ANY_STAGE},       {"--heads", 1, ANY_STAGE},         {"--seqlen", 1, ANY_STAGE},
+    {"--dim", 1, ANY_STAGE},         {"--causal", 0, ANY_STAGE},        {"--dtype", 1, ANY_STAGE},
+    {"--softmax-scale", 1, ANY_STAGE}, {"--input-scale", 1, ANY_STAGE}, {"--seed", 1, ANY_STAGE},
+    {"--warmup", 1, ANY_STAGE},      {"--iters", 1, ANY_STAGE},         {"--no-check", 0, ANY_STAGE},
+    {"--csv", 0, ANY_STAGE},         {"--csv-row", 0, ANY_STAGE},       {"--flush-l2", 0, GPU_STAGE},
+    {"--counters", 0, GPU_FORWARD},  {"--deterministic", 0, BACKWARD},  {"--load", 1, FORWARD},
+    {"--save", 1, FORWARD},          {"--help", 0, ANY_STAGE},          {"-h", 0, ANY_STAGE},
+};
+
+static const struct option_def *find_option(const struct stage *st, const char *name)
+{
+    for (size_t k = 0; k < sizeof options / sizeof *options; k++)
+        if (!strcmp(options[k].name, name)) return stage_takes(st, options[k].takes) ? &options[k] : NULL;
+    return NULL;
+}
+
+/* ---- --help ---- */
+
+/* "fp16 or bf16", "64 or 128", "32, 64, 128 or 256": a list in words. */
+static void list_words(char *buf, size_t n, const char *const *items, int count)
+{
+    size_t k = 0;
+    buf[0] = 0;
+    for (int j = 0; j < count && k < n; j++)
+        k += snprintf(buf + k, n - k, "%s%s", j == 0 ? "" : j == count - 1 ? " or " : ", ", items[j]);
+}
 
 static void usage(const struct stage *st, const struct opts *def, FILE *f)
 {
-    int gpu = st->device == ON_GPU;
+    char dtypes[64], dims[96], dim_strs[8][8];
+    const char *items[8];
+    int count = 0;
+    for (unsigned bit = DT_F32; bit <= DT_BF16; bit <<= 1)
+        if (st->dtypes & bit) items[count++] = dtype_name((enum dtype)bit);
+    list_words(dtypes, sizeof dtypes, items, count);
+    if (st->dims[0] == 0) {
+        snprintf(dims, sizeof dims, "any d >= 1");
+    } else {
+        for (count = 0; count < 8 && st->dims[count]; count++) {
+            snprintf(dim_strs[count], sizeof dim_strs[count], "%d", st->dims[count]);
+            items[count] = dim_strs[count];
+        }
+        list_words(dims, sizeof dims, items, count);
+    }
     fprintf(f,
             "%s: %s\n"
             "usage: ./%s [options]\n"
             "  --batch B          batch size (default %d)\n"
             "  --heads H          heads (default %d)\n"
             "  --seqlen N         sequence length, any N >= 1 (default %d)\n"
-            "  --dim d            head dim (default %d)\n"
+            "  --dim d            head dim: %s (default %d)\n"
             "  --causal           query i sees keys 0..i only\n"
-            "  --dtype T          fp32, fp16 or bf16 (default %s)\n"
+            "  --dtype T          %s (default %s)\n"
             "  --softmax-scale s  softmax scale (default 1/sqrt(d))\n"
             "  --input-scale a    inputs drawn uniformly from [-a, a] (default 1)\n"
             "  --seed S           input seed (default %llu)\n"
@@ -25,21 +91,25 @@ static void usage(const struct stage *st, const struct opts *def, FILE *f)
             "  --iters I          timed runs; median and minimum reported (default %d)\n"
             "  --no-check         skip the check against the reference\n"
             "  --csv              print a CSV header and row instead of the summary\n"
-            "  --csv-row          print the CSV row alone\n"
-            "%s"
-            "%s"
-            "%s"
-            "  --load DIR         read q.npy k.npy v.npy ([B, H, N, d], float32 or float16) from DIR\n"
-            "  --save DIR         write q.npy k.npy v.npy o.npy lse.npy (float32) into DIR\n"
+            "  --csv-row          print the CSV row alone\n",
+            st->name, st->idea, st->name, def->sh.B, def->sh.H, def->sh.N, dims, def->sh.d, dtypes,
+            dtype_name(def->dtype), (unsigned long long)def->seed, def->warmup, def->iters);
+    if (stage_takes(st, GPU_STAGE)) fprintf(f, "  --flush-l2         overwrite the L2 cache before every timed run\n");
+    if (stage_takes(st, GPU_FORWARD))
+        fprintf(f, "  --counters         run the kernel's counting build once more and print the work on O\n"
+                   "                     it counted, beside the HBM bytes its loop structure moves\n");
+    if (stage_takes(st, BACKWARD))
+        fprintf(f, "  --deterministic    bitwise-identical dQ from run to run (no atomics; slower)\n");
+    if (stage_takes(st, FORWARD))
+        fprintf(f, "  --load DIR         read q.npy k.npy v.npy ([B, H, N, d], float32 or float16) from DIR;\n"
+                   "                     the shape is theirs (shape flags, if given, must agree)\n"
+                   "  --save DIR         write q.npy k.npy v.npy o.npy lse.npy (float32) into DIR\n");
+    fprintf(f,
             "  --help             this text\n"
-            "example: ./%s --batch 2 --heads 8 --seqlen %d --dim 64 --causal\n",
-            st->name, st->idea, st->name, def->sh.B, def->sh.H, def->sh.N, def->sh.d,
-            dtype_name(def->dtype), (unsigned long long)def->seed, def->warmup, def->iters,
-            gpu ? "  --flush-l2         overwrite the L2 cache before every timed run\n" : "",
-            gpu && !st->measures_backward ? "  --counters         run the kernel's counting build once more and print the work on O\n"
-                  "                     it counted, beside the HBM bytes its loop structure moves\n" : "",
-            st->measures_backward ? "  --deterministic    bitwise-identical dQ from run to run (no atomics; slower)\n" : "",
-            st->name, gpu ? 4096 : 1024);
+            "exit codes: 0 checked and passed, 1 check failed, 2 bad usage or unsupported shape,\n"
+            "            3 no usable GPU for this stage, 4 a CUDA error at run time\n"
+            "example: ./%s --batch 2 --heads 8 --seqlen %d --dim %d --causal\n",
+            st->name, st->device == ON_GPU ? 4096 : 1024, def->sh.d);
 }
 
 static void defaults(const struct stage *st, struct opts *o)
@@ -49,6 +119,11 @@ static void defaults(const struct stage *st, struct opts *o)
     /* CPU defaults finish in about a second on two cores even for stage 1; the GPU default
      * is big enough (4 x 16 heads of 4096) to fill the device */
     o->sh = (struct shape){.B = gpu ? 4 : 1, .H = gpu ? 16 : 4, .N = gpu ? 4096 : 1024, .d = 64, .causal = 0, .scale = 0};
+    if (st->dims[0] != 0) { /* a stage without d = 64 defaults to its first head dim */
+        int has64 = 0;
+        for (int k = 0; k < 8 && st->dims[k]; k++) has64 |= st->dims[k] == 64;
+        if (!has64) o->sh.d = st->dims[0];
+    }
     o->dtype = gpu ? DT_F16 : DT_F32;
     o->seed = 1234;
     o->input_scale = 1.0f;
@@ -69,7 +144,7 @@ static int bad(const struct stage *st, const char *fmt, ...)
     return EXIT_USAGE;
 }
 
-/* A whole positive integer no larger than max. */
+/* A whole integer in [lo, max]. */
 static int parse_int(const char *s, long lo, long max, int *out)
 {
     char *end;
@@ -93,30 +168,29 @@ int parse_opts(const struct stage *st, int argc, char **argv, struct opts *o, in
         snprintf(name, sizeof name, "%s", arg);
         char *eq = strchr(name, '=');
         if (eq) { *eq = 0; val = arg + (eq - name) + 1; }
-        /* flags without a value */
-        if (!strcmp(name, "--help") || !strcmp(name, "-h")) { usage(st, &def, stdout); *done = 1; return EXIT_PASS; }
-        if (!strcmp(name, "--causal")) { o->sh.causal = 1; continue; }
-        if (!strcmp(name, "--no-check")) { o->check = 0; continue; }
-        if (!strcmp(name, "--csv")) { o->csv = 1; continue; }
-        if (!strcmp(name, "--csv-row")) { o->csv = o->csv_no_header = 1; continue; }
-        if (!strcmp(name, "--flush-l2")) { o->flush_l2 = 1; continue; }
-        if (!strcmp(name, "--counters")) { o->counters = 1; continue; }
-        if (!strcmp(name, "--deterministic")) { o->deterministic = 1; continue; }
-        /* options with a value */
-        static const char *valued[] = {"--batch", "--heads", "--seqlen", "--dim", "--dtype", "--seed", "--warmup",
-                                       "--iters", "--softmax-scale", "--input-scale", "--load", "--save"};
-        int known = 0;
-        for (size_t j = 0; j < sizeof valued / sizeof *valued; j++) known |= !strcmp(name, valued[j]);
-        if (!known) return bad(st, "unknown option %s", name);
+        const struct option_def *opt = find_option(st, name);
+        if (!opt) return bad(st, "unknown option %s", name);
+        if (!opt->has_value) {
+            if (val) return bad(st, "%s takes no value (got %s)", name, arg);
+            if (!strcmp(name, "--help") || !strcmp(name, "-h")) { usage(st, &def, stdout); *done = 1; return EXIT_PASS; }
+            if (!strcmp(name, "--causal")) o->sh.causal = 1;
+            else if (!strcmp(name, "--no-check")) o->check = 0;
+            else if (!strcmp(name, "--csv")) o->csv = 1;
+            else if (!strcmp(name, "--csv-row")) o->csv = o->csv_no_header = 1;
+            else if (!strcmp(name, "--flush-l2")) o->flush_l2 = 1;
+            else if (!strcmp(name, "--counters")) o->counters = 1;
+            else if (!strcmp(name, "--deterministic")) o->deterministic = 1;
+            continue;
+        }
         if (!val) {
             if (k + 1 >= argc) return bad(st, "%s needs a value", name);
             val = argv[++k];
         }
         int err = 0;
-        if (!strcmp(name, "--batch")) err = parse_int(val, 1, 1 << 16, &o->sh.B);
-        else if (!strcmp(name, "--heads")) err = parse_int(val, 1, 1 << 16, &o->sh.H);
-        else if (!strcmp(name, "--seqlen")) err = parse_int(val, 1, 1 << 20, &o->sh.N);
-        else if (!strcmp(name, "--dim")) err = parse_int(val, 1, 1024, &o->sh.d);
+        if (!strcmp(name, "--batch")) err = parse_int(val, 1, 1 << 16, &o->sh.B), o->shape_given |= SHAPE_GIVEN_B;
+        else if (!strcmp(name, "--heads")) err = parse_int(val, 1, 1 << 16, &o->sh.H), o->shape_given |= SHAPE_GIVEN_H;
+        else if (!strcmp(name, "--seqlen")) err = parse_int(val, 1, 1 << 20, &o->sh.N), o->shape_given |= SHAPE_GIVEN_N;
+        else if (!strcmp(name, "--dim")) err = parse_int(val, 1, 1024, &o->sh.d), o->shape_given |= SHAPE_GIVEN_D;
         else if (!strcmp(name, "--warmup")) err = parse_int(val, 0, 1000000, &o->warmup);
         else if (!strcmp(name, "--iters")) err = parse_int(val, 1, 1000000, &o->iters);
         else if (!strcmp(name, "--seed")) {
@@ -140,10 +214,46 @@ int parse_opts(const struct stage *st, int argc, char **argv, struct opts *o, in
         else if (!strcmp(name, "--save")) o->save_dir = val;
         if (err) return bad(st, "%s %s: not a valid value for this option", name, val);
     }
-    if (o->flush_l2 && st->device != ON_GPU) return bad(st, "--flush-l2 is for GPU stages");
-    if (o->counters && st->device != ON_GPU) return bad(st, "--counters is for GPU stages");
-    if (o->deterministic && !st->measures_backward) return bad(st, "--deterministic is for a stage that measures its backward");
     o->sh.scale = softmax_scale > 0 ? softmax_scale : 1.0f / sqrtf((float)o->sh.d);
     o->softmax_scale_set = softmax_scale > 0;
+    return 0;
+}
+
+/* ---- the limits of a problem ---- */
+
+/* Physical memory of this machine, in bytes (0 when unknown). */
+static double machine_bytes(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && page > 0 ? (double)pages * page : 0;
+}
+
+/* The largest finite value of a dtype. Inputs are always rounded through fp16 (inputs.c), so
+ * that every stage sees the same numbers: fp32 and fp16 inputs are fp16 values. */
+static double dtype_max(enum dtype dt) { return dt == DT_BF16 ? 3.3895313892515355e38 : 65504.0; }
+
+/* The scores' largest possible magnitude is scale * d * a^2 (|q . k| <= d a^2 for entries of at
+ * most a). fp32 carries 24 bits: once |S| reaches 2^22, one unit of roundoff in a score is more
+ * than 1/4 in the exponent of the softmax, so P is wrong by a factor of e^(1/4) or more in any
+ * implementation, and no check can tell a right answer from a wrong one. */
+#define SCORE_LIMIT 4194304.0 /* 2^22 */
+
+int check_limits(const struct stage *st, const struct shape *sh, enum dtype dt, double amplitude)
+{
+    /* host memory: Q, K, V, O (fp32) and the reference's copy of O, plus dO and three gradients
+     * for a backward; double arithmetic, so a huge shape cannot wrap around */
+    const double elems = (double)sh->B * sh->H * sh->N * sh->d;
+    const double bytes = elems * sizeof(float) * (st->measures_backward ? 9 : 5);
+    const double have = machine_bytes();
+    if (have > 0 && bytes > have)
+        return bad(st, "B=%d H=%d N=%d d=%d needs about %.3g GB of host memory; this machine has %.3g GB", sh->B, sh->H,
+                   sh->N, sh->d, bytes / 1e9, have / 1e9);
+    if (amplitude > dtype_max(dt))
+        return bad(st, "inputs of magnitude %g do not fit %s (largest %g)%s", amplitude, dt == DT_BF16 ? "bf16" : "fp16",
+                   dtype_max(dt), dt == DT_BF16 ? "" : ", the dtype every stage's inputs are rounded through");
+    const double smax = (double)sh->scale * sh->d * amplitude * amplitude;
+    if (smax >= SCORE_LIMIT)
+        return bad(st, "scores could reach scale * d * a^2 = %.3g; fp32 resolves a softmax only below 2^22 = %.3g "
+                       "(lower --softmax-scale or --input-scale)", smax, SCORE_LIMIT);
     return 0;
 }

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -221,36 +222,114 @@ static int backward_main(const struct stage *st, const struct opts *o, const flo
     return rc ? rc : pass ? EXIT_PASS : EXIT_CHECK_FAILED;
 }
 
-/* --load DIR: q.npy, k.npy and v.npy of one shape, which then replaces the command line's. */
-static int load_inputs(const struct opts *o, struct shape *sh, float **Q, float **K, float **V)
+/* --load DIR: q.npy, k.npy and v.npy of one shape, which then replaces the command line's (a
+ * shape flag that was given must agree). Every value must be finite. */
+static int load_inputs(const struct stage *st, const struct opts *o, struct shape *sh, float **Q, float **K,
+                       float **V)
 {
     const char *names[3] = {"q.npy", "k.npy", "v.npy"};
     float **dst[3] = {Q, K, V};
     int dims[3][4];
     char path[4096], why[512];
-    for (int t = 0; t < 3; t++) {
+    int rc = 0;
+    for (int t = 0; t < 3 && !rc; t++) {
         snprintf(path, sizeof path, "%s/%s", o->load_dir, names[t]);
         *dst[t] = npy_read4(path, dims[t], why, sizeof why);
         if (!*dst[t]) {
-            fprintf(stderr, "--load: %s\n", why);
-            break;
-        }
-        if (t && memcmp(dims[t], dims[0], sizeof dims[0])) {
-            fprintf(stderr, "--load: %s is [%d, %d, %d, %d] but q.npy is [%d, %d, %d, %d]\n", names[t], dims[t][0],
-                    dims[t][1], dims[t][2], dims[t][3], dims[0][0], dims[0][1], dims[0][2], dims[0][3]);
-            free(*dst[t]);
-            *dst[t] = NULL;
-            break;
+            fprintf(stderr, "%s: --load: %s\n", st->name, why);
+            rc = EXIT_USAGE;
+        } else if (t && memcmp(dims[t], dims[0], sizeof dims[0])) {
+            fprintf(stderr, "%s: --load: %s is [%d, %d, %d, %d] but q.npy is [%d, %d, %d, %d]\n", st->name, names[t],
+                    dims[t][0], dims[t][1], dims[t][2], dims[t][3], dims[0][0], dims[0][1], dims[0][2], dims[0][3]);
+            rc = EXIT_USAGE;
+        } else {
+            const size_t n = (size_t)dims[t][0] * dims[t][1] * dims[t][2] * dims[t][3];
+            for (size_t k = 0; k < n; k++)
+                if (!isfinite((*dst[t])[k])) {
+                    fprintf(stderr, "%s: --load: %s holds %g at flat index %zu; inputs must be finite\n", st->name,
+                            names[t], (*dst[t])[k], k);
+                    rc = EXIT_USAGE;
+                    break;
+                }
         }
     }
-    if (!*V) { /* one of them failed: free what was read */
-        free(*Q), free(*K);
-        *Q = *K = NULL;
-        return EXIT_USAGE;
+    if (!rc) {
+        const int given[4] = {o->sh.B, o->sh.H, o->sh.N, o->sh.d};
+        const unsigned bits[4] = {SHAPE_GIVEN_B, SHAPE_GIVEN_H, SHAPE_GIVEN_N, SHAPE_GIVEN_D};
+        const char *flags[4] = {"--batch", "--heads", "--seqlen", "--dim"};
+        for (int j = 0; j < 4 && !rc; j++)
+            if ((o->shape_given & bits[j]) && given[j] != dims[0][j]) {
+                fprintf(stderr, "%s: %s %d contradicts --load: %s/q.npy is [%d, %d, %d, %d] (drop the flag)\n",
+                        st->name, flags[j], given[j], o->load_dir, dims[0][0], dims[0][1], dims[0][2], dims[0][3]);
+                rc = EXIT_USAGE;
+            }
+    }
+    if (rc) {
+        free(*Q), free(*K), free(*V);
+        *Q = *K = *V = NULL;
+        return rc;
     }
     sh->B = dims[0][0], sh->H = dims[0][1], sh->N = dims[0][2], sh->d = dims[0][3];
     if (!o->softmax_scale_set) sh->scale = 1.0f / sqrtf((float)sh->d);
     return 0;
+}
+
+/* --save DIR: proved writable before the run, so that a long run does not end in "cannot write"
+ * (made, one level, if missing, a file written and removed, and the directory removed again if
+ * it was made here: a run that fails later leaves nothing behind). */
+static int save_dir_ready(const struct stage *st, const char *dir)
+{
+    const int made = mkdir(dir, 0777) == 0;
+    if (!made && errno != EEXIST) {
+        fprintf(stderr, "%s: --save: cannot create %s: %s\n", st->name, dir, strerror(errno));
+        return EXIT_USAGE;
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/.write_test", dir);
+    FILE *f = fopen(path, "wb");
+    const int err = f ? 0 : errno;
+    if (f) fclose(f), remove(path);
+    if (made) rmdir(dir);
+    if (err) {
+        fprintf(stderr, "%s: --save: cannot write into %s: %s\n", st->name, dir, strerror(err));
+        return EXIT_USAGE;
+    }
+    return 0;
+}
+
+/* A CPU stage on a problem that will take long: time it on one small head first (N = 256, the
+ * same d), scale by the FLOPs, and say on stderr what the whole run will take before starting. */
+static void warn_if_long(const struct stage *st, const struct opts *o)
+{
+    if (st->device != ON_CPU) return;
+    struct shape small = o->sh;
+    small.B = small.H = 1;
+    small.N = o->sh.N < 256 ? o->sh.N : 256;
+    const double full_flops = attn_flops(&o->sh, 0), small_flops = attn_flops(&small, 0);
+    if (full_flops < 50 * small_flops) return; /* at most a few calibration runs' worth */
+    size_t n = shape_elems(&small), rows = shape_rows(&small);
+    float *Q = xmalloc(n * sizeof(float)), *K = xmalloc(n * sizeof(float)), *V = xmalloc(n * sizeof(float));
+    float *O = xmalloc(n * sizeof(float)), *L = xmalloc(rows * sizeof(float));
+    make_inputs(&small, o->seed, 1.0f, o->dtype, Q, K, V);
+    struct attn_args a = {.sh = small, .dtype = o->dtype, .Q = Q, .K = K, .V = V, .O = O, .L = L};
+    char why[256];
+    double t0 = now_ms();
+    int runs = 0;
+    do { /* at least 20 ms of runs, so the rate is not one timer tick */
+        if (st->forward(&a, why, sizeof why)) break;
+        runs++;
+    } while (now_ms() - t0 < 20);
+    const double ms = runs ? (now_ms() - t0) / runs : 0;
+    free(Q), free(K), free(V), free(O), free(L);
+    if (!runs || ms <= 0) return;
+    const double gflops = small_flops / ms / 1e6;
+    const double seconds = full_flops / (gflops * 1e9) * (1 + o->warmup + o->iters); /* the checked run too */
+    if (seconds <= 60) return;
+    const int hours = seconds > 5400;
+    fprintf(stderr, "%s: this run will take about %.0f %s: %d runs of %.3g GFLOP at the %.2f GFLOP/s measured on "
+                    "N = %d (Ctrl-C stops it; fewer --iters or a smaller --seqlen shorten it)\n",
+            st->name, hours ? seconds / 3600 : seconds / 60, hours ? "hours" : "minutes", 1 + o->warmup + o->iters,
+            full_flops / 1e9, gflops, small.N);
 }
 
 static int save_outputs(const char *dir, const struct shape *sh, const float *Q, const float *K, const float *V,
@@ -308,18 +387,28 @@ static int cpu_run_stage(const struct stage *st, const struct opts *o, const flo
     return 0;
 }
 
+/* The largest |value| of loaded Q and K: the amplitude check_limits judges the scores by. */
+static double loaded_amplitude(const struct shape *sh, const float *Q, const float *K)
+{
+    const size_t n = shape_elems(sh);
+    const double q = max_abs(Q, n), k = max_abs(K, n);
+    return q > k ? q : k;
+}
+
 int harness_main(const struct stage *st, int argc, char **argv)
 {
     struct opts o;
     int done, rc = parse_opts(st, argc, argv, &o, &done);
     if (rc || done) return rc;
     float *Q = NULL, *K = NULL, *V = NULL;
-    if (o.load_dir && (rc = load_inputs(&o, &o.sh, &Q, &K, &V))) return rc;
+    if (o.load_dir && (rc = load_inputs(st, &o, &o.sh, &Q, &K, &V))) return rc;
     char why[512];
     rc = 0;
     if (!stage_supports(st, &o.sh, o.dtype, why, sizeof why)) {
         fprintf(stderr, "%s\n", why);
         rc = EXIT_USAGE;
+    } else if ((rc = check_limits(st, &o.sh, o.dtype, o.load_dir ? loaded_amplitude(&o.sh, Q, K) : o.input_scale))) {
+    } else if (o.save_dir && (rc = save_dir_ready(st, o.save_dir))) {
     } else if (st->device == ON_GPU && !gpu_run_stage) {
         fprintf(stderr, "%s: this program was built without CUDA\n", st->name);
         rc = EXIT_NO_DEVICE;
@@ -340,10 +429,7 @@ int harness_main(const struct stage *st, int argc, char **argv)
         make_inputs(&o.sh, o.seed, o.input_scale, o.dtype, Q, K, V);
     }
     if (st->measures_backward) {
-        if (o.load_dir || o.save_dir || o.counters) {
-            fprintf(stderr, "%s: --load, --save and --counters are for the forward stages\n", st->name);
-            rc = EXIT_USAGE;
-        } else if (!gpu_run_backward) {
+        if (!gpu_run_backward) {
             fprintf(stderr, "%s: this program was built without CUDA\n", st->name);
             rc = EXIT_NO_DEVICE;
         } else {
@@ -352,6 +438,7 @@ int harness_main(const struct stage *st, int argc, char **argv)
         free(Q), free(K), free(V);
         return rc;
     }
+    warn_if_long(st, &o);
     float *O = xmalloc(n * sizeof(float)), *L = xmalloc(rows * sizeof(float));
     struct result r = {.st = st, .sh = o.sh, .dtype = o.dtype, .direction = "fwd", .max_err = -1, .check = "skip"};
     rc = st->device == ON_GPU ? gpu_run_stage(st, &o, Q, K, V, O, L, &r) : cpu_run_stage(st, &o, Q, K, V, O, L, &r);

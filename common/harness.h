@@ -29,11 +29,19 @@ struct opts {
     int counters;         /* GPU: one more run with the kernel's counting build, counts printed */
     int deterministic;    /* backward: --deterministic */
     int softmax_scale_set;/* --softmax-scale given (else 1/sqrt(d), recomputed when --load sets d) */
+    unsigned shape_given; /* SHAPE_GIVEN_* bits: the shape flags on the command line (--load checks them) */
     const char *load_dir, *save_dir;
 };
+enum { SHAPE_GIVEN_B = 1, SHAPE_GIVEN_H = 2, SHAPE_GIVEN_N = 4, SHAPE_GIVEN_D = 8 };
 /* Fills `o` from argv with the defaults for `st`. Returns 0, or EXIT_USAGE after printing a
- * one-line reason (or EXIT_PASS with help printed: *done is set). */
+ * one-line reason (or EXIT_PASS with help printed: *done is set). Only the options `st` takes
+ * are accepted (and listed by --help); any other is refused as unknown. */
 int parse_opts(const struct stage *st, int argc, char **argv, struct opts *o, int *done);
+/* The limits a problem must keep, checked after parsing (and again on loaded inputs): its bytes
+ * fit this machine's memory; the inputs' magnitude `amplitude` fits the dtype; the scores
+ * scale * d * amplitude^2 stay where fp32 resolves a softmax. Returns 0, or EXIT_USAGE after
+ * printing one line that names the limit. */
+int check_limits(const struct stage *st, const struct shape *sh, enum dtype dt, double amplitude);
 
 /* ---- inputs (inputs.c) ---- */
 /* Q, K, V as fp32, each value exactly representable in `dt` (and in fp16), drawn from a seeded

@@ -80,7 +80,7 @@ void print_counters(FILE *f, const struct result *r)
 }
 
 /* --counters with --csv: the same counts and formula bytes as a CSV block of its own (header
- * printed by the caller), full precision, for scripts (plots/bench_ncu.sh) that must not parse
+ * printed by the caller), full precision, for scripts (bench/bench_ncu.sh) that must not parse
  * the lines above. Byte columns are empty for a stage without a formula. */
 void print_counters_csv_header(FILE *f)
 {

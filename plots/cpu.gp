@@ -1,4 +1,4 @@
-# cpu.gp: chart (f), the CPU stages' GFLOP/s against sequence length (plots/data/cpu.csv, from
+# cpu.gp: chart (f), the CPU stages' GFLOP/s against sequence length (bench/data/cpu.csv, from
 # make bench-cpu). Rendered by plots/plot.sh (make plots), which sets, besides style.gp's
 # variables: data (lines "series N gflops") and heading.
 load 'style.gp'

@@ -1,8 +1,8 @@
 # hbm.gp: chart (e), the HBM bytes of one forward per GPU stage: the stage's formula (what its
 # loop structure moves, split into Q, K and V, O, the O workspace and m, l, L) beside the DRAM
 # bytes Nsight Compute measured (read and written). Rendered by plots/plot.sh (make plots) from
-# plots/data/<gpu>_hbm.csv (make bench-ncu), which sets, besides style.gp's variables: data
-# (lines "idx stage Q KV O O_work rowstats read write ...") and heading.
+# bench/data/<gpu>_hbm.csv (make bench-ncu), which sets, besides style.gp's variables: data
+# (lines "idx stage Q KV O O_work rowstats read write") and heading.
 load 'style.gp'
 eval terminal(1300, 820)
 

@@ -1,5 +1,5 @@
 # memory.gp: chart (d), the memory one (batch, head) needs against N, measured: stage 1's N x N
-# score matrix (quadratic) beside stage 3 and stage 8 (linear). Rendered by plots/plot.sh
+# score matrix (quadratic) beside stage 3 and stage 9 (linear). Rendered by plots/plot.sh
 # (make plots), which sets, besides style.gp's variables: data (lines "series N bytes") and heading.
 load 'style.gp'
 eval terminal(1100, 900)

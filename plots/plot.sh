@@ -1,31 +1,41 @@
 #!/usr/bin/env bash
 # plot.sh: every chart and the README's results table, drawn from the measured CSVs in
-# plots/data/ and nothing else, so it runs on any machine (no GPU, no Python). Run: `make plots`.
+# bench/data/ and nothing else, so it runs on any machine (no GPU, no Python). Run: `make plots`.
 # Needs gnuplot with the pngcairo and svg terminals (Debian/Ubuntu: apt-get install gnuplot-nox).
+# Columns are read by name (bench/csv.sh); the comparisons are plots/grid.awk's.
 #
-# From each GPU's plots/data/<gpu>.csv (`make bench`), benchmark-grid rows only (B = 16384 / N,
+# From each GPU's bench/data/<gpu>.csv (`make bench`), benchmark-grid rows only (B = 16384 / N,
 # H = 2048 / d; rows such as B = H = 1 stay out), the latest row of each shape winning:
 #   plots/<gpu>_fwd      (a) forward TFLOP/s against N: a line per stage, torch-flash, torch-cudnn
 #   plots/<gpu>_speedup  (b) each stage's speedup over stage 4 at d = 64, the FA-2 paper's beside it
-#   plots/<gpu>_bwd      (c) backward TFLOP/s against N: stage 9 beside torch-flash, torch-cudnn
+#                            (bench/data/anchors/fa2_paper_a100.csv)
+#   plots/<gpu>_bwd      (c) backward TFLOP/s against N: stage 10 beside torch-flash, torch-cudnn
 #   plots/<gpu>_hbm      (e) HBM bytes per stage at one shape: the stage's formula beside the DRAM
-#                            bytes Nsight Compute measured (plots/data/<gpu>_hbm.csv, `make bench-ncu`)
-# From plots/data/cpu.csv (`make bench-cpu`) and the GPU files:
-#   plots/memory         (d) memory for one (batch, head) against N: stage 1, 3 (CPU) and 8 (GPU)
+#                            bytes Nsight Compute measured (bench/data/<gpu>_hbm.csv, `make bench-ncu`)
+# From bench/data/cpu.csv (`make bench-cpu`) and the GPU files:
+#   plots/memory         (d) memory for one (batch, head) against N: stages 1, 3 (CPU) and 9 (GPU)
 #   plots/cpu            (f) the CPU stages' GFLOP/s against N
 # each as .png and .svg; the chart itself is plots/<name>.gp, this script only prepares its data.
-# Then README.md's results table, between its markers, from plots/readme_table.sh.
+# A stage of the Makefile's list with no rows yet is named under the chart, not drawn.
+# Then README.md's results table, between its markers, from plots/readme_table.sh (README=FILE
+# splices it into FILE instead).
 set -euo pipefail
 cd "$(dirname "$0")"
+root=$(cd .. && pwd)
+source ../bench/csv.sh
 command -v gnuplot >/dev/null || { echo "plot.sh: gnuplot not found (apt-get install gnuplot-nox)" >&2; exit 2; }
 shopt -s nullglob
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+data="$root/bench/data"
+MEM_GPU_STAGE=stage9   # the GPU stage the memory chart draws: the production forward
+README=${README:-$root/README.md}
+csv_stage_lists   # CPU_BINS, GPU_BINS, FWD_BINS: the stages the Makefile lists
 
 # ---- helpers ----
 # The key entry of a series: "stage 4: FA-1 on the GPU", "torch-flash: ..." (labels.csv).
 title_of() {
-  awk -F, -v s="$1" 'NR > 1 && $1 == s { lab = substr($0, length($1) + 2) }
+  csv_awk -v s="$1" 'get("series") == s { lab = get("label") }
     END { if (s ~ /^stage[0-9]+$/) printf "stage %s: %s", substr(s, 6), lab; else printf "%s%s", s, lab == "" ? "" : ": " lab }' labels.csv
 }
 # Render plots/NAME.gp to NAME.png and NAME.svg. Arguments after the chart: gnuplot assignments.
@@ -51,63 +61,70 @@ runs_of() {
   sort -u | awk '{ who[$2] = who[$2] (who[$2] == "" ? "" : ", ") $1; if (!($2 in seen)) { seen[$2]; order[++n] = $2 } }
     END { for (i = 1; i <= n; i++) printf "%s%s (%s)", (i > 1 ? "; " : ""), order[i], who[order[i]] }'
 }
+# "stages 8, 9" / "stage 10": the stages given as arguments (stageN), for a sentence.
+stages_phrase() { [ $# -gt 0 ] || return 0; printf 'stage%s %s' "$([ $# -gt 1 ] && echo s)" "$(printf '%s\n' "$@" | sed 's/^stage//' | paste -sd, | sed 's/,/, /g')"; }
 
 gpu_csvs=()
-for f in data/*.csv; do
+for f in "$data"/*.csv; do
   case $(basename "$f") in cpu.csv | *_hbm.csv) ;; *) gpu_csvs+=("$f") ;; esac
 done
 
 for csv in "${gpu_csvs[@]}"; do
   gpu=$(basename "$csv" .csv)
   GPU=$(echo "$gpu" | tr 'a-z' 'A-Z')
-  # the latest grid row of each (stage, direction, d, causal, N)
-  awk -F, 'NR > 1 && $5 * $7 == 16384 && $6 * $8 == 2048 { last[$1 FS $2 FS $8 FS $9 FS $7] = $0 }
-           END { for (k in last) print last[k] }' "$csv" > "$tmp/latest.csv"
+  # "Not measured yet on this GPU (make bench): stages 8, 9": the stages of the Makefile's list
+  # that should have rows in direction $1 (forward: FWD_BINS; backward: the other GPU stages) and
+  # have none in this file
+  missing_note() {
+    local m
+    read -r -a m <<< "$(csv_awk -v dir="$1" -v bins="$GPU_BINS" -v fwd="$FWD_BINS" '
+      get("direction") == dir { seen[get("stage")] }
+      END { split(fwd, f, " "); for (i in f) isfwd[f[i]]; n = split(bins, b, " ")
+            for (i = 1; i <= n; i++) if (!(b[i] in seen) && ((b[i] in isfwd) == (dir == "fwd"))) printf "%s ", b[i] }' "$csv")"
+    if [ ${#m[@]} -gt 0 ]; then echo "Not measured yet on this GPU (make bench): $(stages_phrase "${m[@]}")"; fi
+  }
 
   # ---- (a) forward and (c) backward TFLOP/s: one chart per direction ----
+  # the latest grid row of each (series, d, causal, N): "series d causal N tflops", and the runs
   for dir in fwd bwd; do
-    awk -F, -v dir="$dir" '$2 == dir { print $1, $8, $9, $7, $12 }' "$tmp/latest.csv" | sort -k1,1 -k2,2n -k3,3n -k4,4n > "$tmp/$dir.dat"
+    csv_awk -f grid.awk -v dir="$dir" -v runs="$tmp/runs.txt" '{ grid_add() }
+      END { for (k in G_last) { split(k, f, SUBSEP); if (f[2] != dir) continue
+              split(f[3], p, " "); print f[1], p[1], p[2], p[3], grid_tf(f[1], dir, G_last[k], f[3]); print f[1], G_last[k] > runs } }' "$csv" |
+      sort -k1,1 -k2,2n -k3,3n -k4,4n > "$tmp/$dir.dat"
     mapfile -t series < <(cut -d' ' -f1 "$tmp/$dir.dat" | order_series)
     if [ ${#series[@]} -eq 0 ]; then
-      echo "plot.sh: $csv has no $dir rows on the benchmark grid: no plots/${gpu}_$dir chart" >&2
+      echo "plot.sh: ${csv#"$root"/} has no $dir rows on the benchmark grid: no plots/${gpu}_$dir chart" >&2
       continue
     fi
-    runs=$(awk -F, -v dir="$dir" '$2 == dir { print $1, $15 }' "$tmp/latest.csv" | runs_of)
+    runs=$(runs_of < "$tmp/runs.txt")
     what=$([ "$dir" = fwd ] && echo Forward || echo Backward)
     flops=$([ "$dir" = fwd ] && echo "4·B·H·N^2·d FLOPs" || echo "2.5 × 4·B·H·N^2·d FLOPs")
     heading="$what speed, $GPU, fp16, B·N = 16k tokens, H·d = 2048 ($flops, halved when causal)\\nthe latest run of each line, by commit: $runs"
     note="torch-flash, torch-cudnn: PyTorch's scaled_dot_product_attention with its FlashAttention-2 and cuDNN backends"
-    if ! printf '%s\n' "${series[@]}" | grep -q '^stage'; then
-      note="No stage has $dir rows yet: stage 9 (the backward) appears here once make bench records them.\\n$note"
-    fi
+    missing=$(missing_note "$dir")
+    if [ -n "$missing" ]; then note="$missing\\n$note"; fi
     render flops "${gpu}_$dir" "$(gpstr data "$tmp/$dir.dat")" "$(gpstr series "${series[*]}")" \
       "$(gpstr titles "$(titles_of "${series[@]}")")" "$(gpstr heading "$heading")" "$(gpstr note "$note")" \
       "$(gpstr dir "$dir")"
   done
 
   # ---- (b) speedup over stage 4 at d = 64 ----
-  # A stage's speedup is taken within one run where stage 4 was measured in the same run. Where
-  # they come from different runs, each is first divided by torch-flash measured in its own run,
-  # and the speedup is the ratio of those ratios (so only numbers from one run are compared).
-  awk -F, -v cross="$tmp/cross.txt" '
-    NR > 1 && $2 == "fwd" && $8 == 64 && $5 * $7 == 16384 && $6 * $8 == 2048 {
-      k = $1 FS $9 FS $7; tf[k FS $15] = $12; run[k] = $15
-      if ($1 == "torch-flash") fl[$9 FS $7 FS $15] = $12
-    }
+  # At each point, a stage's latest run: its speedup is taken in that run where stage 4 was
+  # measured in it too (grid_over); else each is first divided by torch-flash measured in its own
+  # run, and the speedup is the ratio of those ratios (grid_via), so only numbers from one run are
+  # compared. Lines "stage causal N speedup"; the stages taken across runs go to cross.txt.
+  : > "$tmp/cross.txt"
+  csv_awk -f grid.awk -v cross="$tmp/cross.txt" '{ grid_add() }
     END {
-      for (k in run) {
-        split(k, f, FS); s = f[1]; c = f[2]; n = f[3]
-        if (s !~ /^stage[0-9]+$/ || s == "stage4" || !(("stage4" FS c FS n) in run)) continue
-        r = run[k]; r4 = run["stage4" FS c FS n]; a = tf[k FS r]; b = tf["stage4" FS c FS n FS r4]
-        if (r == r4) sp = a / b
-        else if ((c FS n FS r) in fl && (c FS n FS r4) in fl) { sp = (a / fl[c FS n FS r]) / (b / fl[c FS n FS r4]); via[s] = r; base = r4 }
-        else continue
-        print s, c, n, sp
+      for (k in G_last) {
+        split(k, f, SUBSEP); s = f[1]; split(f[3], p, " ")
+        if (s !~ /^stage[0-9]+$/ || s == "stage4" || f[2] != "fwd" || p[1] != 64) continue
+        sel = "d=64 causal=" p[2] " n=" p[3]
+        if (grid_over(s, "stage4", "fwd", "", sel)) print s, p[2], p[3], OV_q[1]
+        else if (grid_via(s, "stage4", "torch-flash", "fwd", sel)) { print s, p[2], p[3], OV_q[1]; print s, OV_run, OV_run_y > cross }
       }
-      for (s in via) print s, via[s], base > cross
     }' "$csv" | sort -k1,1V -k2,2n -k3,3n > "$tmp/speedup.dat"
-  touch "$tmp/cross.txt"
-  tail -n +2 anchors/fa2_paper_a100.csv | tr ',' ' ' > "$tmp/paper.dat"   # seqlen speedup
+  csv_awk '{ print get("seqlen"), get("speedup") }' "$data/anchors/fa2_paper_a100.csv" > "$tmp/paper.dat"
   mapfile -t series < <(cut -d' ' -f1 "$tmp/speedup.dat" | order_series)
   if [ ${#series[@]} -gt 0 ]; then
     titles=""
@@ -116,90 +133,137 @@ for csv in "${gpu_csvs[@]}"; do
       if grep -q "^$s " "$tmp/cross.txt"; then t="$t †"; fi
       titles="$titles${titles:+|}$t"
     done
-    note=$(sort -V "$tmp/cross.txt" | awk '{ s = s (s == "" ? "" : ", ") "stage " substr($1, 6) " (" $2 ")"; base = $3 }
+    note=$(sort -u "$tmp/cross.txt" | sort -V | awk '{ if (!($1 in seen)) { seen[$1]; s = s (s == "" ? "" : ", ") "stage " substr($1, 6) " (" $2 ")" }; base = $3 }
       END { if (s != "") printf "† %s measured in another run than stage 4 (%s): speedup = (stage / torch-flash in its run) ÷ (stage 4 / torch-flash in stage 4'"'"'s run)", s, base }')
-    runs=$(awk -F, '$2 == "fwd" && $8 == 64 && $1 ~ /^stage/ { print $1, $15 }' "$tmp/latest.csv" | runs_of)
+    missing=$(missing_note fwd)
+    if [ -n "$missing" ]; then note="$missing${note:+\\n}$note"; fi
+    runs=$(csv_awk -f grid.awk '{ grid_add() } END { for (k in G_last) { split(k, f, SUBSEP); split(f[3], p, " ")
+      if (f[1] ~ /^stage/ && f[2] == "fwd" && p[1] == 64) print f[1], G_last[k] } }' "$csv" | runs_of)
     heading="Speedup over stage 4 (FA-1), forward, d = 64, $GPU, fp16, B·N = 16k, H = 32\\nruns (commit): $runs"
     render speedup "${gpu}_speedup" "$(gpstr data "$tmp/speedup.dat")" "$(gpstr series "${series[*]}")" \
       "$(gpstr titles "$titles")" "$(gpstr heading "$heading")" "$(gpstr note "$note")" \
       "$(gpstr paper "$tmp/paper.dat")"
   else
-    echo "plot.sh: $csv has no stage 4 rows at d = 64 beside another stage's: no plots/${gpu}_speedup chart" >&2
+    echo "plot.sh: ${csv#"$root"/} has no stage 4 rows at d = 64 beside another stage's: no plots/${gpu}_speedup chart" >&2
   fi
 
   # ---- (e) HBM bytes: the formula beside Nsight Compute ----
-  hbm="data/${gpu}_hbm.csv"
+  hbm="$data/${gpu}_hbm.csv"
   if [ -s "$hbm" ]; then
-    # the latest row of each stage, in stage order:
-    #   idx stage Q KV O O_work rowstats dram_read dram_write B H N d dtype causal commit
-    awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
-      { last[$c["stage"]] = $c["stage"] " " $c["hbm_q_bytes"] " " $c["hbm_kv_bytes"] " " $c["hbm_o_bytes"] " " \
-          $c["hbm_o_work_bytes"] " " $c["hbm_rowstats_bytes"] " " $c["dram_read_bytes"] " " $c["dram_write_bytes"] " " \
-          $c["batch"] " " $c["heads"] " " $c["seqlen"] " " $c["dim"] " " $c["dtype"] " " $c["causal"] " " $c["commit"] }
-      END { for (s in last) print last[s] }' "$hbm" | sort -k1,1V | awk '{ print NR, $0 }' > "$tmp/hbm.dat"
-    shape=$(awk '{ s[sprintf("B = %s, H = %s, N = %s, d = %s, %s, %s", $10, $11, $12, $13, $14, $15 == 1 ? "causal" : "not causal")] }
-      END { for (k in s) { printf "%s%s", n++ ? " / " : "", k } }' "$tmp/hbm.dat")
-    runs=$(awk '{ print $2, $16 }' "$tmp/hbm.dat" | runs_of)
-    heading="HBM bytes of one forward, $GPU, $shape\\nleft bar: the stage's formula (what its loop structure moves), term by term\\nright bar: the DRAM bytes Nsight Compute measured, first launch; runs (commit): $runs"
+    # the latest row of each stage, in stage order, as hbm.gp reads it:
+    #   idx stage Q KV O O_work rowstats dram_read dram_write
+    # and beside it the shapes (one, unless the rows disagree) and the runs ("stage commit")
+    csv_awk -v dat="$tmp/hbm.dat" -v shapes="$tmp/hbm_shape.txt" -v runs="$tmp/hbm_runs.txt" '
+      { s = get("stage")
+        last[s] = get("hbm_q_bytes") " " get("hbm_kv_bytes") " " get("hbm_o_bytes") " " get("hbm_o_work_bytes") " " \
+                  get("hbm_rowstats_bytes") " " get("dram_read_bytes") " " get("dram_write_bytes")
+        shape[s] = sprintf("B = %s, H = %s, N = %s, d = %s, %s, %s", get("batch"), get("heads"), get("seqlen"), get("dim"),
+                           get("dtype"), get("causal") == 1 ? "causal" : "not causal")
+        run[s] = get("commit") }
+      END {
+        n = 0; for (s in last) st[++n] = s
+        for (i = 2; i <= n; i++) for (j = i; j > 1 && substr(st[j], 6) + 0 < substr(st[j - 1], 6) + 0; j--) { t = st[j]; st[j] = st[j - 1]; st[j - 1] = t }
+        for (i = 1; i <= n; i++) {
+          print i, st[i], last[st[i]] > dat; print st[i], run[st[i]] > runs
+          if (!(shape[st[i]] in seen)) { seen[shape[st[i]]]; printf "%s%s", k++ ? " / " : "", shape[st[i]] > shapes }
+        } }' "$hbm"
+    shape=$(cat "$tmp/hbm_shape.txt")
+    runs=$(runs_of < "$tmp/hbm_runs.txt")
+    # the stages make bench-ncu measures (the forward GPU stages) with no row here yet
+    read -r -a ncu_missing <<< "$(csv_awk -v bins="$FWD_BINS" '{ seen[get("stage")] }
+      END { n = split(bins, b, " "); for (i = 1; i <= n; i++) if (!(b[i] in seen)) printf "%s ", b[i] }' "$hbm")"
+    heading="HBM bytes of one forward, $GPU, $shape\\nleft bar: the stage's formula (what its loop structure moves), term by term\\nright bar: the DRAM bytes Nsight Compute measured, first launch\\nruns (commit): $runs"
+    if [ ${#ncu_missing[@]} -gt 0 ]; then
+      heading="$heading; not measured yet (make bench-ncu): $(stages_phrase "${ncu_missing[@]}")"
+    fi
     render hbm "${gpu}_hbm" "$(gpstr data "$tmp/hbm.dat")" "$(gpstr heading "$heading")"
   else
-    echo "plot.sh: no $hbm: the HBM chart (formula against Nsight Compute) needs make bench-ncu on a GPU with ncu; not drawn" >&2
+    echo "plot.sh: no ${hbm#"$root"/}: the HBM chart (formula against Nsight Compute) needs make bench-ncu on a GPU with ncu; not drawn" >&2
   fi
 done
 
 # ---- (f) the CPU stages' GFLOP/s, and (d) memory against N ----
-cpu=data/cpu.csv
+cpu="$data/cpu.csv"
 if [ -s "$cpu" ]; then
-  # latest row of each (stage, N) at B = H = 1, d = 64, not causal. GFLOP/s from ms_median (the
-  # tflops column keeps three decimals, too few for a CPU): 4 N^2 d FLOPs per (batch, head).
-  awk -F, 'NR > 1 && $2 == "fwd" && $5 == 1 && $6 == 1 && $8 == 64 && $9 == 0 { last[$1 FS $7] = $0 }
-           END { for (k in last) print last[k] }' "$cpu" | sort -t, -k1,1V -k7,7n > "$tmp/cpu_latest.csv"
-  awk -F, '{ print $1, $7, 4 * $7 * $7 * $8 / ($10 * 1e-3) / 1e9 }' "$tmp/cpu_latest.csv" > "$tmp/cpu.dat"
+  # the latest row of each (stage, N) at B = H = 1, d = 64, not causal, into
+  #   cpu.dat      "stage N gflops": GFLOP/s from ms_median (the tflops column keeps three
+  #                decimals, too few for a CPU; 4 N^2 d FLOPs per (batch, head))
+  #   memory.dat   "stage@cpu N bytes" for stages 1 and 3: Q, K, V, O in fp32 (4 N d elements), L
+  #                (N fp32) and the scratch the harness measured (extra_bytes)
+  #   cpu_meta.txt "stage threads commit", machines.txt the processors, cpu_cap.txt stage 1's cap
+  csv_awk -v dat="$tmp/cpu.dat" -v mem="$tmp/memory.dat" -v meta="$tmp/cpu_meta.txt" -v machines="$tmp/machines.txt" \
+          -v capf="$tmp/cpu_cap.txt" '
+    get("direction") == "fwd" && get("batch") == 1 && get("heads") == 1 && get("dim") == 64 && get("causal") == 0 {
+      s = get("stage"); n = get("seqlen"); d = get("dim"); k = s " " n
+      if (!(k in gf)) keys[++nk] = k
+      gf[k] = 4 * n * n * d / (get("ms_median") * 1e-3) / 1e9
+      bytes[k] = 4 * n * d * 4 + 4 * n + get("extra_bytes")
+      th[s] = get("threads"); run[s] = get("commit"); mach[k] = get("machine")
+      if (s == "stage1" && n + 0 > m1) m1 = n + 0
+      if (n + 0 > m) m = n + 0 }
+    END {
+      for (i = 1; i <= nk; i++) {
+        print keys[i], gf[keys[i]] > dat; split(keys[i], f, " ")
+        if (f[1] == "stage1" || f[1] == "stage3") print f[1] "@cpu", f[2], bytes[keys[i]] > mem }
+      for (s in th) print s, th[s], run[s] > meta
+      for (k in mach) print mach[k] > machines
+      if (m1 && m1 < m) printf "\\nstage 1 (4·N^2 bytes of scores) measured up to N = %d", m1 > capf
+    }' "$cpu"
+  touch "$tmp/cpu.dat" "$tmp/memory.dat" "$tmp/cpu_meta.txt" "$tmp/machines.txt" "$tmp/cpu_cap.txt"
+  sort -k1,1V -k2,2n -o "$tmp/cpu.dat" "$tmp/cpu.dat"
+  sort -k1,1V -k2,2n -o "$tmp/memory.dat" "$tmp/memory.dat"
   mapfile -t series < <(cut -d' ' -f1 "$tmp/cpu.dat" | order_series)
   titles=""
   for s in "${series[@]}"; do
-    th=$(awk -F, -v s="$s" '$1 == s { t = $17 } END { print t }' "$tmp/cpu_latest.csv")
+    th=$(awk -v s="$s" '$1 == s { print $2 }' "$tmp/cpu_meta.txt")
     titles="$titles${titles:+|}$(title_of "$s") ($th thread$([ "$th" = 1 ] || echo s))"
   done
-  machine=$(cut -d, -f18 "$tmp/cpu_latest.csv" | sort -u | paste -sd';' | sed 's/;/; /g')
-  runs=$(awk -F, '{ print $1, $15 }' "$tmp/cpu_latest.csv" | runs_of)
-  cap=$(awk '{ if ($1 == "stage1" && $2 > m1) m1 = $2; if ($2 > m) m = $2 } END { if (m1 && m1 < m) printf "\\nstage 1 (4·N^2 bytes of scores) measured up to N = %d", m1 }' "$tmp/cpu.dat")
-  heading="CPU stages, fp32, one (batch, head), d = 64, not causal, on $machine$cap\\nruns (commit): $runs"
+  machine=$(sort -u "$tmp/machines.txt" | paste -sd';' | sed 's/;/; /g')
+  runs=$(awk '{ print $1, $3 }' "$tmp/cpu_meta.txt" | sort -V | runs_of)
+  heading="CPU stages, fp32, one (batch, head), d = 64, not causal, on $machine$(cat "$tmp/cpu_cap.txt")\\nruns (commit): $runs"
   render cpu cpu "$(gpstr data "$tmp/cpu.dat")" "$(gpstr series "${series[*]}")" "$(gpstr titles "$titles")" \
     "$(gpstr heading "$heading")"
 
-  # memory for one (batch, head): Q, K, V, O (4 N d elements at the row's dtype), L (N fp32) and
-  # the scratch the harness measured (extra_bytes); the CPU stages at B = H = 1, stage 8 from
-  # each GPU's grid rows (d = 64, not causal), divided by B * H (it allocates no scratch).
-  awk -F, '$1 == "stage1" || $1 == "stage3" { print $1 "@cpu", $7, 4 * $7 * $8 * 4 + 4 * $7 + $16 }' \
-    "$tmp/cpu_latest.csv" > "$tmp/memory.dat"
+  # memory for one (batch, head): the CPU stages 1 and 3 at B = H = 1 (above), and the production
+  # GPU forward from each GPU's grid rows (d = 64, not causal): Q, K, V, O at the row's dtype, L in
+  # fp32 and the scratch it measured, divided by B * H (it allocates none). Lines "series N bytes".
   mem_titles=()
   for s in stage1 stage3; do
     if grep -q "^$s@cpu " "$tmp/memory.dat"; then mem_titles+=("$(title_of "$s") (CPU, fp32)"); fi
   done
+  mem_missing=""
   for csv in "${gpu_csvs[@]}"; do
     gpu=$(basename "$csv" .csv)
-    awk -F, -v g="$gpu" 'NR > 1 && $1 == "stage8" && $2 == "fwd" && $8 == 64 && $9 == 0 && $5 * $7 == 16384 && $6 * $8 == 2048 {
-        e = ($4 == "fp32") ? 4 : 2; last[$7] = "stage8@" g " " $7 " " (4 * $7 * $8 * e + 4 * $7) + $16 / ($5 * $6) }
+    csv_awk -v s="$MEM_GPU_STAGE" -v g="$gpu" '
+      get("stage") == s && get("direction") == "fwd" && get("dim") == 64 && get("causal") == 0 &&
+      get("batch") * get("seqlen") == 16384 && get("heads") * get("dim") == 2048 {
+        n = get("seqlen"); d = get("dim"); e = (get("dtype") == "fp32") ? 4 : 2
+        last[n] = s "@" g " " n " " (4 * n * d * e + 4 * n) + get("extra_bytes") / (get("batch") * get("heads")) }
       END { for (n in last) print last[n] }' "$csv" | sort -k2,2n > "$tmp/mem_gpu.dat"
     if [ -s "$tmp/mem_gpu.dat" ]; then
       cat "$tmp/mem_gpu.dat" >> "$tmp/memory.dat"
-      mem_titles+=("$(title_of stage8) ($(echo "$gpu" | tr 'a-z' 'A-Z'), fp16)")
+      mem_titles+=("$(title_of "$MEM_GPU_STAGE") ($(echo "$gpu" | tr 'a-z' 'A-Z'), fp16)")
+    else
+      mem_missing="$mem_missing${mem_missing:+; }$(echo "$gpu" | tr 'a-z' 'A-Z')"
     fi
   done
   mapfile -t series < <(cut -d' ' -f1 "$tmp/memory.dat" | awk '!seen[$0]++')
   titles=$(printf '%s|' "${mem_titles[@]}")
-  heading="Memory for one (batch, head) against N, d = 64, measured\\nQ, K, V, O at the stage's dtype + L in fp32 + the scratch the harness measured (stage 8 needs none)"
+  n_gpu=${MEM_GPU_STAGE#stage}
+  heading="Memory for one (batch, head) against N, d = 64, measured\\nQ, K, V, O at the stage's dtype + L in fp32 + the scratch the harness measured (stage $n_gpu needs none)"
+  if [ -n "$mem_missing" ]; then
+    heading="$heading\\nstage $n_gpu on the GPU ($mem_missing): no rows yet (make bench), not drawn"
+  fi
   render memory memory "$(gpstr data "$tmp/memory.dat")" "$(gpstr series "${series[*]}")" "$(gpstr titles "${titles%|}")" \
     "$(gpstr heading "$heading")"
 else
-  echo "plot.sh: no $cpu: the CPU and memory charts need make bench-cpu; not drawn" >&2
+  echo "plot.sh: no ${cpu#"$root"/}: the CPU and memory charts need make bench-cpu; not drawn" >&2
 fi
 
 # ---- the README's results table ----
 if [ ${#gpu_csvs[@]} -gt 0 ]; then
-  ./readme_table.sh --splice ../README.md
-  echo "README.md: results table"
+  ./readme_table.sh --splice "$README"
+  echo "${README#"$root"/}: results table"
 else
-  echo "plot.sh: no GPU CSV under plots/data/ (make bench on a GPU): README.md's results table left as it is" >&2
+  echo "plot.sh: no GPU CSV under bench/data/ (make bench on a GPU): ${README#"$root"/}'s results table left as it is" >&2
 fi

@@ -2,21 +2,32 @@
 # readme_table.sh: the README's results table, from the measured CSVs alone (never typed by hand):
 # each stage's forward speed at one point of the benchmark grid, its speedup over the stage before
 # it and its ratio to FlashAttention-2 (torch-flash) measured in the same run, then the GPU, the
-# CPU machine and the commits the rows come from. `make plots` runs it with --splice README.md,
-# which rewrites the lines between <!-- results:begin --> and <!-- results:end -->; without
-# --splice the table goes to stdout.
+# CPU machine and the commits the rows come from, and stage 9 (forward) and stage 10 (backward)
+# against FlashAttention-2 over the grid. Every GPU ratio is plots/grid.awk's, the comparison
+# plots/ratio.sh and plots/table.sh make. `make plots` runs it with --splice README.md, which
+# rewrites the lines between <!-- results:begin --> and <!-- results:end -->; without --splice
+# the table goes to stdout.
 #   plots/readme_table.sh [--gpu h200] [--seqlen 4096] [--dim 64] [--splice README.md]
 #
-# Rules: the latest row of a shape wins (as in the charts). CPU stages: B = H = 1, from
-# plots/data/cpu.csv. GPU stages: the grid's shape at that N and d (B = 16384 / N, H = 2048 / d),
-# from plots/data/<gpu>.csv. Ratios only within one run: where two stages were measured in
-# different runs, their speedup is the ratio of their ratios to torch-flash, each in its own run.
+# The stages, in order, are the Makefile's (csv_stage_lists in bench/csv.sh); one not measured
+# yet gets a row that says so. Rules: the latest row of a shape wins. CPU stages: B = H = 1, from
+# bench/data/cpu.csv; a speedup only against a row of the same commit and machine. GPU stages:
+# the grid's shape at that N and d (B = 16384 / N, H = 2048 / d), from bench/data/<gpu>.csv, a
+# stage's latest run; its speedup over the stage before it from that run, or, where that stage
+# was not measured in it, the ratio of their ratios to torch-flash, each in its own run (†).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+root=$(dirname "$here")
+source "$root/bench/csv.sh"
+data="$root/bench/data"
 gpu=""
 n=4096
 d=64
 splice=""
+# the comparisons over the grid (N >= GRID_MIN_N, d = 64 and 128, causal and not)
+FWD_STAGE=stage9
+BWD_STAGE=stage10
+GRID_MIN_N=1024
 while [ $# -gt 0 ]; do
   case $1 in
     --gpu) gpu=$2; shift 2 ;;
@@ -26,107 +37,101 @@ while [ $# -gt 0 ]; do
     *) echo "usage: plots/readme_table.sh [--gpu GPU] [--seqlen N] [--dim d] [--splice README.md]" >&2; exit 2 ;;
   esac
 done
+csv_stage_lists   # CPU_BINS, GPU_BINS: the stages the Makefile lists
 if [ -z "$gpu" ]; then # the GPU with the most rows
-  gpu=$(for f in "$here"/data/*.csv; do
+  gpu=$(for f in "$data"/*.csv; do
           case $(basename "$f") in cpu.csv | *_hbm.csv) continue ;; esac
           echo "$(wc -l < "$f") $(basename "$f" .csv)"
         done | sort -rn | awk 'NR == 1 { print $2 }')
 fi
-gcsv="$here/data/$gpu.csv"
-ccsv="$here/data/cpu.csv"
-[ -n "$gpu" ] && [ -r "$gcsv" ] || { echo "readme_table.sh: no GPU CSV under plots/data/" >&2; exit 2; }
+gcsv="$data/$gpu.csv"
+ccsv="$data/cpu.csv"
+[ -n "$gpu" ] && [ -r "$gcsv" ] || { echo "readme_table.sh: no GPU CSV under bench/data/" >&2; exit 2; }
 [ -r "$ccsv" ] || ccsv=/dev/null
 
-table=$(awk -F, -v N="$n" -v D="$d" -v gpu="$gpu" -v gfile="$(basename "$gcsv")" '
-  # stage s over the grid points in t (TFLOP/s by stage, d, causal, N) against torch-flash in the
-  # same run (fl, by d, causal, N, run): sets nm (points), lsum (sum of log ratios), lo and hi
-  function grid_ratio(s, t, run, fl,    sk, f, fk, q) {
-    nm = 0; lsum = 0; lo = 1e9; hi = 0
-    for (sk in t) {
-      split(sk, f, FS); if (f[1] != s) continue
-      fk = f[2] FS f[3] FS f[4] FS run[sk]
-      if (!(fk in fl)) continue
-      q = t[sk] / fl[fk]; nm++; lsum += log(q); if (q < lo) lo = q; if (q > hi) hi = q
-    }
-    return nm
-  }
-  FILENAME ~ /labels\.csv$/ { if (FNR > 1) label[$1] = substr($0, length($1) + 2); next }
-  FNR == 1 { next }
+table=$(csv_awk -f "$here/grid.awk" -v N="$n" -v D="$d" -v gpu="$gpu" -v gfile="${gcsv#"$root"/}" \
+  -v cpu_bins="$CPU_BINS" -v gpu_bins="$GPU_BINS" -v fwd_stage="$FWD_STAGE" -v bwd_stage="$BWD_STAGE" -v minn="$GRID_MIN_N" '
+  function num(s) { return substr(s, 6) }
+  function list(a, n,    i, out) { for (i = 1; i <= n; i++) out = out (i > 1 ? ", " : "") a[i]; return out }
+  # a run named in the footnote, with what it measured ("4", "10 backward")
+  function credit(r, what) { if (!(r in rs)) { rs[r]; rorder[++nr] = r }; who[r] = who[r] (who[r] == "" ? "" : ", ") what; whon[r]++ }
+  FILENAME ~ /labels\.csv$/ { label[get("series")] = get("label"); next }
   # CPU rows: one (batch, head); GFLOP/s from the time (4 N^2 d FLOPs per head)
   FILENAME ~ /cpu\.csv$/ {
-    if ($2 == "fwd" && $5 == 1 && $6 == 1 && $7 == N && $8 == D && $9 == 0) {
-      cpu[$1] = 4 * N * N * D / ($10 * 1e-3) / 1e9; crun[$1] = $15; mach[$1] = $18; th[$1] = $17 }
+    if (get("direction") == "fwd" && get("batch") == 1 && get("heads") == 1 && get("seqlen") == N && get("dim") == D && get("causal") == 0) {
+      s = get("stage"); cpu[s] = 4 * N * N * D / (get("ms_median") * 1e-3) / 1e9
+      crun[s] = get("commit"); mach[s] = get("machine"); th[s] = get("threads") }
     next
   }
-  # GPU rows: grid shapes only
-  $5 * $7 != 16384 || $6 * $8 != 2048 { next }
-  $7 == N && $8 == D && $9 == 0 {
-    k = $1 FS $2; tf[k] = $12; run[k] = $15
-    if ($1 == "torch-flash") fl[$2 FS $15] = $12
-  }
-  # every grid shape with N >= 1024, for the last stage against FlashAttention-2
-  $2 == "fwd" && $7 >= 1024 { sk = $1 FS $8 FS $9 FS $7; gtf[sk] = $12; grun[sk] = $15
-                               if ($1 == "torch-flash") gfl[$8 FS $9 FS $7 FS $15] = $12 }
-  # ... and the backward stages against FlashAttention-2 backward
-  $2 == "bwd" && $7 >= 1024 { sk = $1 FS $8 FS $9 FS $7; btf[sk] = $12; brun[sk] = $15
-                               if ($1 == "torch-flash") bfl[$8 FS $9 FS $7 FS $15] = $12 }
+  { grid_add() }
   END {
+    pt = "d=" D " causal=0 n=" N
     dagger = 0
     printf "| stage | idea | forward, N = %d, d = %d | × previous stage | × FlashAttention-2, same run | run |\n", N, D
     print "|---|---|---|---|---|---|"
+    nc = split(cpu_bins, cb, " "); ng = split(gpu_bins, gb, " ")
     prev = ""
-    for (i = 1; i <= 3; i++) {
-      s = "stage" i
-      if (!(s in cpu)) { prev = ""; continue }
-      sp = (prev != "" && mach[prev] == mach[s]) ? sprintf("%.2f×", cpu[s] / cpu[prev]) : "–"
-      printf "| %d | %s | %.2f GFLOP/s (CPU, %d thread%s) | %s | – | %s |\n", i, label[s], cpu[s], th[s], th[s] == 1 ? "" : "s", sp, crun[s]
-      prev = s; cpus = cpus (cpus == "" ? "" : ", ") i; crunall[crun[s]]
+    for (i = 1; i <= nc; i++) {
+      s = cb[i]
+      if (!(s in cpu)) { printf "| %s | %s | not measured yet (`make bench-cpu`) | – | – | – |\n", num(s), label[s]; prev = ""; continue }
+      sp = (prev != "" && mach[prev] == mach[s] && crun[prev] == crun[s]) ? sprintf("%.2f×", cpu[s] / cpu[prev]) : "–"
+      printf "| %s | %s | %.2f GFLOP/s (CPU, %d thread%s) | %s | – | %s |\n", num(s), label[s], cpu[s], th[s], th[s] == 1 ? "" : "s", sp, crun[s]
+      prev = s; cpus[++ncpu] = num(s); if (!(crun[s] in crunseen)) { crunseen[crun[s]]; cruns[++ncrun] = crun[s] }
+      if (machine == "") machine = mach[s]
     }
-    prev = ""
-    for (i = 4; i <= 99; i++) {
-      s = "stage" i; k = s FS "fwd"
-      if (!(k in tf)) continue
-      r = run[k]
-      if (prev == "") sp = (i == 4 && cpus != "") ? "– (CPU to GPU)" : "–"
-      else if (run[prev] == r) sp = sprintf("%.2f×", tf[k] / tf[prev])
-      else if (("fwd" FS r) in fl && ("fwd" FS run[prev]) in fl) {
-        sp = sprintf("%.2f× †", (tf[k] / fl["fwd" FS r]) / (tf[prev] / fl["fwd" FS run[prev]])); dagger = 1 }
-      else sp = "–"
-      fa = (("fwd" FS r) in fl) ? sprintf("%.2f×", tf[k] / fl["fwd" FS r]) : "–"
-      printf "| %d | %s | %.1f TFLOP/s | %s | %s | %s |\n", i, label[s], tf[k], sp, fa, r
-      prev = k; last = s
-      if (!(r in rs)) { rs[r]; rorder[++nr] = r }
-      who[r] = who[r] (who[r] == "" ? "" : ", ") i
-    }
-    for (i = 4; i <= 99; i++) { # backward rows (stage 9), beside torch-flash backward
-      s = "stage" i; k = s FS "bwd"
-      if (!(k in tf)) continue
-      r = run[k]
-      fa = (("bwd" FS r) in fl) ? sprintf("%.2f× (backward)", tf[k] / fl["bwd" FS r]) : "–"
-      printf "| %d | %s | backward: %.1f TFLOP/s | – | %s | %s |\n", i, label[s], tf[k], fa, r
-      if (!(r in rs)) { rs[r]; rorder[++nr] = r }
-      who[r] = who[r] (who[r] == "" ? "" : ", ") i " backward"
+    for (i = 1; i <= ng; i++) {
+      s = gb[i]; p = (i > 1) ? gb[i - 1] : ""
+      r = grid_latest(s, "fwd", pt); rb = grid_latest(s, "bwd", pt)
+      if (r == "" && rb == "") { printf "| %s | %s | not measured yet (`make bench`) | – | – | – |\n", num(s), label[s]; continue }
+      if (r != "") {
+        # × the stage before: from this run, else via torch-flash in each one'"'"'s run
+        if (i == 1) sp = ncpu ? "– (CPU to GPU)" : "–"
+        else if (grid_over(s, p, "fwd", r, pt)) sp = sprintf("%.2f×", OV_q[1])
+        else if (grid_via(s, p, "torch-flash", "fwd", pt)) { sp = sprintf("%.2f× †", OV_q[1]); dagger = 1 }
+        else sp = "–"
+        fa = grid_over(s, "torch-flash", "fwd", r, pt) ? sprintf("%.2f×", OV_q[1]) : "–"
+        printf "| %s | %s | %.1f TFLOP/s | %s | %s | %s |\n", num(s), label[s], grid_tf(s, "fwd", r, "" D " 0 " N), sp, fa, r
+        credit(r, num(s))
+        if (grid_tf("torch-flash", "fwd", r, "" D " 0 " N) != "") flrun[r] = grid_tf("torch-flash", "fwd", r, "" D " 0 " N)
+      }
+      if (rb != "") {
+        fa = grid_over(s, "torch-flash", "bwd", rb, pt) ? sprintf("%.2f× (backward)", OV_q[1]) : "–"
+        printf "| %s | %s | backward: %.1f TFLOP/s | – | %s | %s |\n", num(s), label[s], grid_tf(s, "bwd", rb, "" D " 0 " N), fa, rb
+        credit(rb, num(s) " backward")
+        if (grid_tf("torch-flash", "bwd", rb, "" D " 0 " N) != "") flbrun[rb] = grid_tf("torch-flash", "bwd", rb, "" D " 0 " N)
+      }
     }
     print ""
-    if (cpus != "") {
-      m = ""; for (c in crunall) m = m (m == "" ? "" : ", ") c
-      printf "- CPU (stage%s %s): fp32, one (batch, head), on %s; `plots/data/cpu.csv` (`make bench-cpu`), commit %s.\n", index(cpus, ",") ? "s" : "", cpus, mach["stage1"] != "" ? mach["stage1"] : mach["stage3"], m
+    if (ncpu)
+      printf "- CPU (stage%s %s): fp32, one (batch, head), on %s; `bench/data/cpu.csv` (`make bench-cpu`), commit %s.\n", (ncpu > 1 ? "s" : ""), list(cpus, ncpu), machine, list(cruns, ncrun)
+    printf "- GPU: %s, fp16, B = %d, H = %d (the benchmark grid at this N and d); `%s` (`make bench`)", toupper(gpu), 16384 / N, 2048 / D, gfile
+    if (nr) {
+      printf ", runs (commit) "
+      for (j = 1; j <= nr; j++) printf "%s%s (stage%s %s)", (j > 1 ? ", " : ""), rorder[j], (whon[rorder[j]] > 1 ? "s" : ""), who[rorder[j]]
     }
-    printf "- GPU: %s, fp16, B = %d, H = %d (the benchmark grid at this N and d); `plots/data/%s` (`make bench`), runs (commit) ", toupper(gpu), 16384 / N, 2048 / D, gfile
-    for (j = 1; j <= nr; j++) printf "%s%s (stage%s %s)", (j > 1 ? ", " : ""), rorder[j], index(who[rorder[j]], ",") ? "s" : "", who[rorder[j]]
-    printf ".\n- FlashAttention-2 is PyTorch'"'"'s `scaled_dot_product_attention` with its flash backend (torch-flash), timed in the same run: "
-    for (j = 1; j <= nr; j++) if (("fwd" FS rorder[j]) in fl) printf "%s%.1f TFLOP/s in %s", (j > 1 ? ", " : ""), fl["fwd" FS rorder[j]], rorder[j]
-    for (j = 1; j <= nr; j++) if (("bwd" FS rorder[j]) in fl && index(who[rorder[j]], "backward"))
-      printf "; its backward %.1f TFLOP/s in %s", fl["bwd" FS rorder[j]], rorder[j]
     print "."
+    if (nr) {
+      printf "- FlashAttention-2 is PyTorch'"'"'s `scaled_dot_product_attention` with its flash backend (torch-flash), timed in the same run: "
+      k = 0
+      for (j = 1; j <= nr; j++) if (rorder[j] in flrun) printf "%s%.1f TFLOP/s in %s", (k++ ? ", " : ""), flrun[rorder[j]], rorder[j]
+      for (j = 1; j <= nr; j++) if (rorder[j] in flbrun) printf "%s%.1f TFLOP/s backward in %s", (k++ ? "; " : ""), flbrun[rorder[j]], rorder[j]
+      if (!k) printf "not in these runs"
+      print "."
+    }
     if (dagger) print "- † the two stages come from different runs: the ratio of their ratios to torch-flash, each measured in its own run."
-    # the last forward stage against FlashAttention-2 over the grid (N >= 1024)
-    if (grid_ratio(last, gtf, grun, gfl) > 0)
-      printf "- Over the grid'"'"'s %d points with N ≥ 1024 (d = 64 and 128, causal and not), stage %s runs at %.2f to %.2f times FlashAttention-2'"'"'s speed, geometric mean %.2f (each point against torch-flash in its own run).\n", nm, substr(last, 6), lo, hi, exp(lsum / nm)
-    # each backward stage against FlashAttention-2 backward over the grid (N >= 1024)
-    for (i = 4; i <= 99; i++)
-      if (grid_ratio("stage" i, btf, brun, bfl) > 0)
-        printf "- Backward, over the same %d points: stage %d runs at %.2f to %.2f times FlashAttention-2'"'"'s backward, geometric mean %.2f.\n", nm, i, lo, hi, exp(lsum / nm)
+    # the forward stage at FlashAttention-2'"'"'s speed, and the backward, against it over the grid
+    grid = "d=64,128 nmin=" minn
+    for (w = 1; w <= 2; w++) {
+      s = (w == 1) ? fwd_stage : bwd_stage; dir = (w == 1) ? "fwd" : "bwd"
+      what = (w == 1) ? "FlashAttention-2" : "FlashAttention-2'"'"'s backward"
+      if (grid_over(s, "torch-flash", dir, "", grid))
+        printf "- %s, over the grid'"'"'s %d points with N ≥ %d (d = 64 and 128, causal and not): stage %s runs at %.2f to %.2f times %s, geometric mean %.2f (run %s, both measured in it).\n",
+          w == 1 ? "Forward" : "Backward", OV_n, minn, num(s), OV_min, OV_max, w == 1 ? "FlashAttention-2'"'"'s speed" : "FlashAttention-2'"'"'s backward", OV_gm, OV_run
+      else if (OV_run == "")
+        printf "- Stage %s against %s over the grid: not measured yet (no stage %s %s rows in `%s`; `make bench`).\n", num(s), what, num(s), w == 1 ? "forward" : "backward", gfile
+      else
+        printf "- Stage %s against %s over the grid: torch-flash was not measured in stage %s'"'"'s run %s.\n", num(s), what, num(s), OV_run
+    }
   }' "$here/labels.csv" "$ccsv" "$gcsv")
 
 if [ -z "$splice" ]; then
@@ -138,7 +143,7 @@ grep -q '^<!-- results:begin -->$' "$splice" && grep -q '^<!-- results:end -->$'
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 awk -v table="$table" '
-  /^<!-- results:begin -->$/ { print; print "<!-- generated by plots/readme_table.sh (make plots) from plots/data/*.csv: do not edit by hand -->"; print table; skip = 1; next }
+  /^<!-- results:begin -->$/ { print; print "<!-- generated by plots/readme_table.sh (make plots) from bench/data/*.csv: do not edit by hand -->"; print table; skip = 1; next }
   /^<!-- results:end -->$/ { skip = 0 }
   !skip' "$splice" > "$out"
 cmp -s "$out" "$splice" || cat "$out" > "$splice"

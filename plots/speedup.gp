@@ -1,7 +1,7 @@
 # speedup.gp: chart (b), each GPU stage's forward speedup over stage 4 (FA-1) against N at d = 64,
 # with the FlashAttention-2 paper's A100 figures for FA-2 over FA-1 beside ours.
 # Rendered by plots/plot.sh (make plots), which sets, besides style.gp's variables: data (lines
-# "series causal N speedup"), paper (lines "seqlen speedup" from anchors/fa2_paper_a100.csv),
+# "series causal N speedup"), paper (lines "seqlen speedup" from bench/data/anchors/fa2_paper_a100.csv),
 # heading and note (under the key, or '').
 load 'style.gp'
 eval terminal(1500, 900)

@@ -21,27 +21,29 @@ bar(s) = strstrt(s, '|')
 field(s, i) = i <= 1 ? (bar(s) ? s[1:bar(s) - 1] : s) : (bar(s) ? field(s[bar(s) + 1:], i - 1) : '')
 
 # ---- line styles ----
-# Stages are coloured, solid, with filled markers. The yardsticks are black or grey, thick and
-# dashed, with open markers, so that they never read as one of the stages:
+# Stages are coloured, solid, with filled markers: stage N is line style 20 + N (a new stage adds
+# its line here). The yardsticks are black or grey, thick and dashed, with open markers, so that
+# they never read as one of the stages:
 #   11 torch-flash (FlashAttention-2), 12 torch-cudnn, 13 a figure from the FA-2 paper, 14 a formula
-set style line 1 lc rgb '#8c564b' lw 2 pt 7 ps 1.2 dt 1
-set style line 2 lc rgb '#e377c2' lw 2 pt 5 ps 1.2 dt 1
-set style line 3 lc rgb '#17becf' lw 2 pt 9 ps 1.4 dt 1
-set style line 4 lc rgb '#d62728' lw 2 pt 7 ps 1.2 dt 1
-set style line 5 lc rgb '#ff7f0e' lw 2 pt 5 ps 1.2 dt 1
-set style line 6 lc rgb '#b8a500' lw 2 pt 9 ps 1.4 dt 1
-set style line 7 lc rgb '#2ca02c' lw 2 pt 11 ps 1.4 dt 1
-set style line 8 lc rgb '#1f77b4' lw 2.5 pt 13 ps 1.4 dt 1
-set style line 9 lc rgb '#9467bd' lw 2.5 pt 7 ps 1.2 dt 1
+set style line 21 lc rgb '#8c564b' lw 2 pt 7 ps 1.2 dt 1
+set style line 22 lc rgb '#e377c2' lw 2 pt 5 ps 1.2 dt 1
+set style line 23 lc rgb '#17becf' lw 2 pt 9 ps 1.4 dt 1
+set style line 24 lc rgb '#d62728' lw 2 pt 7 ps 1.2 dt 1
+set style line 25 lc rgb '#ff7f0e' lw 2 pt 5 ps 1.2 dt 1
+set style line 26 lc rgb '#b8a500' lw 2 pt 9 ps 1.4 dt 1
+set style line 27 lc rgb '#2ca02c' lw 2 pt 11 ps 1.4 dt 1
+set style line 28 lc rgb '#1f77b4' lw 2.5 pt 13 ps 1.4 dt 1
+set style line 29 lc rgb '#9467bd' lw 2.5 pt 7 ps 1.2 dt 1
+set style line 30 lc rgb '#00897b' lw 2.5 pt 5 ps 1.2 dt 1
 set style line 11 lc rgb '#000000' lw 3.5 pt 6 ps 1.5 dt (12, 6)
 set style line 12 lc rgb '#8a8a8a' lw 3.5 pt 4 ps 1.5 dt (3, 4)
 set style line 13 lc rgb '#000000' lw 2.5 pt 8 ps 1.8 dt (6, 4, 2, 4)
 set style line 14 lc rgb '#808080' lw 2 pt 0 dt (4, 4)
 
-# style(k): the line style of a series key such as stage4, torch-flash, stage8@h200, paper
+# style(k): the line style of a series key such as stage4, torch-flash, stage9@h200, paper
 stem(k) = strstrt(k, '@') ? k[1:strstrt(k, '@') - 1] : k
 style(k) = stem(k) eq 'torch-flash' ? 11 : stem(k) eq 'torch-cudnn' ? 12 : stem(k) eq 'paper' ? 13 \
-         : stem(k) eq 'formula' ? 14 : stem(k)[1:5] eq 'stage' ? int(stem(k)[6:] + 0) : 14
+         : stem(k) eq 'formula' ? 14 : stem(k)[1:5] eq 'stage' ? 20 + int(stem(k)[6:] + 0) : 14
 
 set grid lc rgb '#d8d8d8' lw 1 dt 1
 set border lw 1.2

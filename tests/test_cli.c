@@ -10,6 +10,7 @@
 #include "common_test.h"
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <ftw.h>
 #include <spawn.h>
 #include <stdlib.h>
@@ -132,9 +133,10 @@ static void test_write_npy_raw(const char *path, const char *descr, const char *
     free(zeros);
 }
 
-/* What --load's directory holds: good q.npy and v.npy, and a k.npy that is missing, 3-D, of
- * other dims than q.npy, or of a dtype the loader does not read. */
-enum test_load { TEST_NO_LOAD, TEST_LOAD_NO_K, TEST_LOAD_K_3D, TEST_LOAD_K_DIMS, TEST_LOAD_K_F8, TEST_LOAD_K_I4 };
+/* What --load's directory holds: good q.npy and v.npy, and a k.npy that is good, missing, 3-D, of
+ * other dims than q.npy, of a dtype the loader does not read, or holding a NaN. */
+enum test_load { TEST_NO_LOAD, TEST_LOAD_GOOD, TEST_LOAD_NO_K, TEST_LOAD_K_3D, TEST_LOAD_K_DIMS, TEST_LOAD_K_F8,
+                 TEST_LOAD_K_I4, TEST_LOAD_K_NAN };
 
 static void test_write_inputs(const char *dir, enum test_load kind)
 {
@@ -148,7 +150,8 @@ static void test_write_inputs(const char *dir, enum test_load kind)
     for (int t = 0; t < 3; t++) {
         snprintf(path, sizeof path, "%s/%s", dir, names[t]);
         fill_uniform(x, n, 42 + t, 1, DT_F16);
-        if (t != 1) {
+        if (t != 1 || kind == TEST_LOAD_GOOD || kind == TEST_LOAD_K_NAN) {
+            if (t == 1 && kind == TEST_LOAD_K_NAN) x[n / 2] = NAN;
             cr_assert(npy_write_f32(path, x, dims, 4) == 0, "cannot write %s", path);
             continue;
         }
@@ -176,27 +179,54 @@ static void test_write_inputs(const char *dir, enum test_load kind)
 /* Plain values only (Criterion copies parameters into a child process). */
 struct test_bad_cli {
     char bin[16];          /* the program */
-    char args[2][16];      /* the bad part, last on the line ("" ends it) */
+    char args[8][24];      /* the bad part, last on the line ("" ends it) */
     enum test_load load;   /* --load DIR with this content first, if any */
-    char expect[24];       /* the one-line reason must mention this */
+    char expect[48];       /* the one-line reason must mention this */
+    int no_save;           /* 1: no --save first (a stage that does not take it) */
 };
 
 static const struct test_bad_cli test_bad_cases[] = {
-    {"./stage1", {"--seqlen", "0"}, TEST_NO_LOAD, "--seqlen 0"},
-    {"./stage1", {"--batch", "-3"}, TEST_NO_LOAD, "--batch -3"},
-    {"./stage1", {"--heads", "abc"}, TEST_NO_LOAD, "--heads abc"},
-    {"./stage1", {"--dim", "1.5"}, TEST_NO_LOAD, "--dim 1.5"},
-    {"./stage1", {"--iters", "0"}, TEST_NO_LOAD, "--iters 0"},
-    {"./stage1", {"--dtype", "fp8"}, TEST_NO_LOAD, "fp8"},
-    {"./stage1", {"--dtype", "fp16"}, TEST_NO_LOAD, "fp16"},       /* a CPU stage runs fp32 only */
-    {"./stage3", {"--dtype", "bf16"}, TEST_NO_LOAD, "bf16"},
-    {"./stage1", {"--frobnicate"}, TEST_NO_LOAD, "--frobnicate"},
-    {"./stage1", {"--seqlen"}, TEST_NO_LOAD, "--seqlen"},          /* its value missing at the end */
-    {"./stage3", {""}, TEST_LOAD_NO_K, "k.npy"},
-    {"./stage3", {""}, TEST_LOAD_K_3D, "k.npy"},
-    {"./stage3", {""}, TEST_LOAD_K_DIMS, "k.npy"},
-    {"./stage3", {""}, TEST_LOAD_K_F8, "<f8"},
-    {"./stage3", {""}, TEST_LOAD_K_I4, "<i4"},
+    {"./stage1", {"--seqlen", "0"}, TEST_NO_LOAD, "--seqlen 0", 0},
+    {"./stage1", {"--batch", "-3"}, TEST_NO_LOAD, "--batch -3", 0},
+    {"./stage1", {"--heads", "abc"}, TEST_NO_LOAD, "--heads abc", 0},
+    {"./stage1", {"--dim", "1.5"}, TEST_NO_LOAD, "--dim 1.5", 0},
+    {"./stage1", {"--iters", "0"}, TEST_NO_LOAD, "--iters 0", 0},
+    {"./stage1", {"--dtype", "fp8"}, TEST_NO_LOAD, "fp8", 0},
+    {"./stage1", {"--dtype", "fp16"}, TEST_NO_LOAD, "fp16", 0},       /* a CPU stage runs fp32 only */
+    {"./stage3", {"--dtype", "bf16"}, TEST_NO_LOAD, "bf16", 0},
+    {"./stage1", {"--frobnicate"}, TEST_NO_LOAD, "--frobnicate", 0},
+    {"./stage1", {"--seqlen"}, TEST_NO_LOAD, "--seqlen", 0},          /* its value missing at the end */
+    {"./stage3", {""}, TEST_LOAD_NO_K, "k.npy", 0},
+    {"./stage3", {""}, TEST_LOAD_K_3D, "k.npy", 0},
+    {"./stage3", {""}, TEST_LOAD_K_DIMS, "k.npy", 0},
+    {"./stage3", {""}, TEST_LOAD_K_F8, "<f8", 0},
+    {"./stage3", {""}, TEST_LOAD_K_I4, "<i4", 0},
+    /* a value given to a flag that takes none */
+    {"./stage3", {"--seqlen", "64", "--causal=0"}, TEST_NO_LOAD, "--causal takes no value", 0},
+    {"./stage3", {"--csv=no"}, TEST_NO_LOAD, "--csv takes no value", 0},
+    /* inputs beyond fp16, scores beyond what fp32 resolves */
+    {"./stage3", {"--input-scale", "70000"}, TEST_NO_LOAD, "65504", 0},
+    {"./stage3", {"--softmax-scale", "1e30"}, TEST_NO_LOAD, "2^22", 0},
+    {"./stage3", {"--seqlen", "64", "--input-scale", "1000"}, TEST_NO_LOAD, "2^22", 0},
+    /* a NaN in a loaded tensor; a shape flag that contradicts the loaded shape */
+    {"./stage3", {""}, TEST_LOAD_K_NAN, "must be finite", 0},
+    {"./stage3", {"--seqlen", "9"}, TEST_LOAD_GOOD, "--seqlen 9 contradicts --load", 0},
+    {"./stage3", {"--dim", "64"}, TEST_LOAD_GOOD, "--dim 64 contradicts --load", 0},
+    /* a byte count that would wrap around, one larger than any machine's memory */
+    {"./stage3", {"--batch", "65536", "--heads", "65536", "--seqlen", "1048576", "--dim", "1024"}, TEST_NO_LOAD,
+     "host memory", 0},
+    {"./stage1", {"--batch", "4096", "--heads", "4096", "--seqlen", "65536"}, TEST_NO_LOAD, "host memory", 0},
+    /* a --save directory that cannot be made: refused before the run */
+    {"./stage3", {"--save", "/proc/no/such/dir"}, TEST_NO_LOAD, "--save", 1},
+    /* flags a stage does not take: unknown, whatever the machine (no GPU needed to say so) */
+    {"./stage3", {"--counters"}, TEST_NO_LOAD, "unknown option --counters", 0},
+    {"./stage2", {"--flush-l2"}, TEST_NO_LOAD, "unknown option --flush-l2", 0},
+    {"./stage1", {"--deterministic"}, TEST_NO_LOAD, "unknown option --deterministic", 0},
+    {"./stage8", {"--deterministic"}, TEST_NO_LOAD, "unknown option --deterministic", 0},
+    {"./stage10", {"--load", "x"}, TEST_NO_LOAD, "unknown option --load", 1},
+    {"./stage10", {"--save", "x"}, TEST_NO_LOAD, "unknown option --save", 1},
+    {"./stage10", {"--counters"}, TEST_NO_LOAD, "unknown option --counters", 1},
+    {"./stage9", {"--dim", "96"}, TEST_NO_LOAD, "32 64 128 256", 0},
 };
 
 ParameterizedTestParameters(cli, bad_usage_exits_2)
@@ -209,17 +239,18 @@ ParameterizedTestParameters(cli, bad_usage_exits_2)
 
 ParameterizedTest(struct test_bad_cli *c, cli, bad_usage_exits_2)
 {
-    char save[128], in[128], what[256];
+    char save[128], in[128], what[512];
+    if (access(c->bin, X_OK) != 0) cr_skip_test("%s is not built here (a GPU stage needs nvcc)", c->bin);
     test_path(save, sizeof save, "save");
     test_path(in, sizeof in, "in");
     /* --save first, so that a flag missing its value is truly last */
-    char *argv[9] = {c->bin, "--save", save};
-    int k = 3;
+    char *argv[16] = {c->bin, "--save", save};
+    int k = c->no_save ? 1 : 3;
     if (c->load != TEST_NO_LOAD) {
         test_write_inputs(in, c->load);
         argv[k++] = "--load", argv[k++] = in;
     }
-    for (int j = 0; j < 2 && c->args[j][0]; j++) argv[k++] = c->args[j];
+    for (int j = 0; j < 8 && c->args[j][0]; j++) argv[k++] = c->args[j];
     argv[k] = NULL;
     int w = snprintf(what, sizeof what, "%s", c->bin);
     for (int j = 1; j < k; j++) w += snprintf(what + w, sizeof what - w, " %s", argv[j]);
@@ -239,6 +270,31 @@ Test(cli, help_shows_an_example)
     cr_assert(p.code == EXIT_PASS, "./stage1 --help: exit %d; stderr:\n%s", p.code, p.err);
     cr_assert(strstr(p.out, "usage:") && strstr(p.out, "example:"), "./stage1 --help: no usage or example:\n%s", p.out);
     cr_assert(p.err[0] == 0, "./stage1 --help wrote on stderr:\n%s", p.err);
+}
+
+/* --help lists what the stage itself takes: its dtypes, its head dims, its own flags. */
+Test(cli, help_lists_what_the_stage_takes)
+{
+    static const struct {
+        const char *bin, *has[3], *lacks[3];
+    } cases[] = {
+        {"./stage3", {"--dtype T          fp32 (", "any d >= 1", "--save"}, {"bf16", "--counters", "--flush-l2"}},
+        {"./stage8", {"fp16 (default", "head dim: 64 or 128", "--counters"}, {"bf16", "--deterministic", "fp32"}},
+        {"./stage9", {"fp16 or bf16", "32, 64, 128 or 256", "--load"}, {"--deterministic", "fp32", NULL}},
+        {"./stage10", {"fp16 or bf16", "--deterministic", "exit codes"}, {"--load", "--save", "--counters"}},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        if (access(cases[k].bin, X_OK) != 0) continue; /* a GPU stage without nvcc */
+        struct test_proc p;
+        test_spawn((char *[]){(char *)cases[k].bin, "--help", NULL}, &p);
+        cr_assert(p.code == EXIT_PASS, "%s --help: exit %d", cases[k].bin, p.code);
+        for (int j = 0; j < 3; j++) {
+            cr_assert(!cases[k].has[j] || strstr(p.out, cases[k].has[j]), "%s --help lacks '%s':\n%s", cases[k].bin,
+                      cases[k].has[j], p.out);
+            cr_assert(!cases[k].lacks[j] || !strstr(p.out, cases[k].lacks[j]), "%s --help offers '%s':\n%s",
+                      cases[k].bin, cases[k].lacks[j], p.out);
+        }
+    }
 }
 
 #define TEST_CSV_HEADER \

@@ -2,7 +2,9 @@
 """torch_sdpa.py: the yardsticks. Times torch.nn.functional.scaled_dot_product_attention with its
 flash (FlashAttention-2) and cuDNN backends on the benchmark grid and prints CSV rows in the
 project's columns (stage torch-flash / torch-cudnn, direction fwd and bwd), progress on stderr.
-Inputs are uniform in [-1, 1] in fp16, as the stages' are. Called by plots/bench.sh."""
+The columns are the header a stage's --csv prints (common/report.c), passed in --columns: each
+row fills them by name, in that order, and leaves any it has no value for empty.
+Inputs are uniform in [-1, 1] in fp16, as the stages' are. Called by bench/bench.sh."""
 import argparse
 import os
 import re
@@ -41,7 +43,13 @@ def main():
     ap.add_argument("--dims", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--columns", required=True,
+                    help="the CSV header the rows follow, as a stage's --csv prints it")
     a = ap.parse_args()
+    columns = a.columns.split(",")
+    for need in ("stage", "direction", "gpu", "seqlen", "dim", "causal", "ms_median", "tflops", "commit"):
+        if need not in columns:
+            sys.exit(f"torch_sdpa.py: --columns has no {need} column: {a.columns}")
     gpu = slug(torch.cuda.get_device_name())
     commit = os.environ.get("FA_COMMIT", "unknown")
     backends = [("torch-flash", SDPBackend.FLASH_ATTENTION), ("torch-cudnn", SDPBackend.CUDNN_ATTENTION)]
@@ -69,7 +77,11 @@ def main():
                 continue
             for direction, m, mn, f in (("fwd", ms, ms_min, flops), ("bwd", bms, bms_min, 2.5 * flops)):
                 tf = f / (m * 1e-3) / 1e12
-                print(f"{name},{direction},{gpu},fp16,{B},{H},{n},{d},{causal},{m:.4f},{mn:.4f},{tf:.3f},,skip,{commit},0,1")
+                row = {"stage": name, "direction": direction, "gpu": gpu, "dtype": "fp16", "batch": B, "heads": H,
+                       "seqlen": n, "dim": d, "causal": causal, "ms_median": f"{m:.4f}", "ms_min": f"{mn:.4f}",
+                       "tflops": f"{tf:.3f}", "max_err": "", "check": "skip", "commit": commit,
+                       "extra_bytes": 0, "threads": 1}
+                print(",".join(str(row.get(c, "")) for c in columns))
             print(f"[{k}/{total}] {label} ... fwd {flops / (ms * 1e-3) / 1e12:.1f} TFLOP/s, "
                   f"bwd {2.5 * flops / (bms * 1e-3) / 1e12:.1f} TFLOP/s", file=sys.stderr)
             sys.stdout.flush()

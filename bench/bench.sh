@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # bench.sh: every GPU stage over the FlashAttention-2 paper's grid, plus PyTorch's
 # scaled_dot_product_attention (flash and cuDNN backends) when python3 with torch is present,
-# in one run, appended to plots/data/<gpu>.csv. Run through `make bench` on a machine with a GPU.
+# in one run, appended to bench/data/<gpu>.csv. Run through `make bench` on a machine with a GPU.
+# A stage that measures a backward (stage 10) prints bwd rows: its own binary says so.
 #
 # The grid: 16k tokens per batch (B = 16384 / N), hidden size 2048 (H = 2048 / d),
 # d in {64, 128}, N in {512 ... 16384}, causal and not, fp16.
+# The columns are the stages' own: each stage runs with --csv, which prints common/report.c's
+# header above its row; the header goes to the file (checked against the one there) and to
+# torch_sdpa.py, which fills the same columns by name.
 # Environment: STAGES ("stage4 stage5 ..."), SEQLENS, DIMS, WARMUP, ITERS; CAP_stageN=8192 caps
 # a slow stage's N (say why in its note); FA_COMMIT names the commit in the CSV.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/csv.sh
 STAGES=${STAGES:-stage4}
 SEQLENS=${SEQLENS:-"512 1024 2048 4096 8192 16384"}
 DIMS=${DIMS:-"64 128"}
@@ -18,6 +23,7 @@ export FA_COMMIT=${FA_COMMIT:-unknown}
 
 rows=$(mktemp)
 trap 'rm -f "$rows"' EXIT
+header=""
 total=0
 for s in $STAGES; do for d in $DIMS; do for n in $SEQLENS; do for c in 0 1; do total=$((total + 1)); done; done; done; done
 k=0
@@ -32,30 +38,40 @@ for s in $STAGES; do
       echo "[$k/$total] $label ... skipped (N capped at $cap for $s)" >&2
       continue
     fi
-    args=(--batch $((16384 / n)) --heads $((2048 / d)) --seqlen "$n" --dim "$d" --warmup "$WARMUP" --iters "$ITERS" --csv-row)
+    args=(--batch $((16384 / n)) --heads $((2048 / d)) --seqlen "$n" --dim "$d" --warmup "$WARMUP" --iters "$ITERS" --csv)
     [ "$c" = 1 ] && args+=(--causal)
-    if row=$("./$s" "${args[@]}"); then :; else
+    if out=$("./$s" "${args[@]}"); then :; else
       echo "[$k/$total] $label ... FAILED (exit $?)" >&2
       failed=1
-      [ -n "$row" ] || continue
+      [ -n "$out" ] || continue
     fi
-    echo "$row" >> "$rows"
-    echo "[$k/$total] $label ... $(echo "$row" | cut -d, -f12) TFLOP/s, check $(echo "$row" | cut -d, -f14)" >&2
+    # the header, then the row
+    h=$(head -n1 <<< "$out")
+    if [ -z "$header" ]; then header=$h; fi
+    if [ "$h" != "$header" ]; then
+      echo "bench: ./$s --csv printed another header than the stages before it:" >&2
+      echo "  $h" >&2
+      echo "  $header" >&2
+      exit 2
+    fi
+    sed -n 2p <<< "$out" >> "$rows"
+    echo "[$k/$total] $label ... $(csv_awk '{ printf "%s TFLOP/s, check %s", get("tflops"), get("check") }' <<< "$out")" >&2
   done; done; done
 done
 
+if [ -z "$header" ]; then
+  echo "bench: no stage printed a row (so no header either): no torch rows, nothing written" >&2
+  exit 1
+fi
 if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
-  python3 plots/torch_sdpa.py --seqlens $SEQLENS --dims $DIMS --warmup "$WARMUP" --iters "$ITERS" >> "$rows" || failed=1
+  python3 bench/torch_sdpa.py --columns "$header" --seqlens $SEQLENS --dims $DIMS --warmup "$WARMUP" --iters "$ITERS" >> "$rows" || failed=1
 else
   echo "bench: python3 with CUDA-enabled torch not found: no torch-flash / torch-cudnn rows this run" >&2
 fi
 
 [ -s "$rows" ] || { echo "bench: no results" >&2; exit 1; }
-gpu=$(head -n1 "$rows" | cut -d, -f3)
-out="plots/data/$gpu.csv"
-mkdir -p plots/data
-header="stage,direction,gpu,dtype,batch,heads,seqlen,dim,causal,ms_median,ms_min,tflops,max_err,check,commit,extra_bytes,threads"
-[ -s "$out" ] || echo "$header" > "$out"
-cat "$rows" >> "$out"
+gpu=$( { echo "$header"; head -n1 "$rows"; } | csv_awk '{ print get("gpu") }')
+out="bench/data/$gpu.csv"
+csv_append "$out" "$header" < "$rows"
 echo "bench: $(wc -l < "$rows") rows appended to $out" >&2
 exit $failed
