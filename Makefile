@@ -1,6 +1,6 @@
 # FlashAttention, stage by stage. This Makefile holds the one list of stages.
 #   make stageN && ./stageN     build and run one stage (binary at the repository root)
-#   make all | test | bench | bench-cpu | bench-ncu | plots | sanitize | diffN | clean   (V=1 shows commands, DEBUG=1 -g + sanitizers)
+#   make all | deps | test | bench | bench-cpu | bench-ncu | plots | sanitize | diffN | clean   (V=1 shows commands, DEBUG=1 -g + sanitizers)
 
 # ---- the stages: NN_slug, the file is stages/NN_slug.c (CPU) or .cu (GPU) ----
 CPU_STAGES := 01_naive 02_tiled_cpu 03_online_softmax
@@ -55,7 +55,7 @@ TEST_LINK = $(CC) -fopenmp $(LDFLAGS) -o $@ $^ $(CRITERION_LIBS) -lm
 endif
 STAGE_OBJS := $(sort $(foreach s,$(BUILT_STAGES),$(BUILD)/stages/$(s).o))
 
-.PHONY: all test bench bench-cpu bench-ncu plots sanitize clean FORCE
+.PHONY: deps deps-test all test bench bench-cpu bench-ncu plots sanitize clean FORCE
 all: $(foreach s,$(BUILT_STAGES),$(call bin,$(s))) tests/attn_tests
 
 # ---- compiling ----
@@ -101,6 +101,10 @@ endef
 $(foreach s,$(CPU_STAGES),$(eval $(call cpu_stage,$(s))))
 $(foreach s,$(GPU_STAGES),$(eval $(call gpu_stage,$(s))))
 
+# ---- what the tests and the charts need: Criterion, pkg-config, gnuplot (tests/deps.sh) ----
+deps:
+	@tests/deps.sh all
+
 # ---- tests: every stage this build makes, linked into one Criterion binary ----
 # Rewritten only when the list changes (with or without nvcc, say), so it never goes stale.
 $(BUILD)/registry.c: FORCE
@@ -118,6 +122,10 @@ FORCE:
 $(BUILD)/registry.o: $(BUILD)/registry.c
 	$(Q)$(CC) $(ALL_CFLAGS) -c $< -o $@
 
+# Criterion first: installed by tests/deps.sh where this machine allows, else the line to run.
+$(TEST_OBJS): | deps-test
+deps-test:
+	@tests/deps.sh test
 tests/attn_tests: $(TEST_OBJS) $(STAGE_OBJS) $(COMMON_OBJS) $(if $(HAVE_NVCC),$(CUDA_OBJS) $(TEST_CUDA_OBJS))
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(TEST_LINK)
