@@ -2,7 +2,8 @@
 # and per PyTorch backend: the FlashAttention-2 paper's benchmark figure, redone stage by stage.
 # Charts (a) forward and (c) backward. Rendered by plots/plot.sh (make plots), which sets, besides
 # style.gp's variables: data (lines "series d causal N tflops"), dir ('fwd' or 'bwd'), heading
-# (the title, "\n" between lines) and note (a line under the key, or '').
+# (the title, "\n" between lines) and note (lines under the panels, or ''; style.gp's line on the
+# nudged markers is added to it).
 load 'style.gp'
 eval terminal(1500, 1300)
 
@@ -22,14 +23,16 @@ do for [d in '64 128'] {
     y0 = d eq '64' ? 0.6 : 0.225
     eval place(x0, x0 + 0.42, y0, y0 + 0.28)
     set title sprintf('d = %s, %s', d, c eq '1' ? 'causal' : 'not causal') font ',14'
+    # each series nudged sideways a little (style.gp's nudge), so that coinciding markers show
     plot for [i = 1:words(series)] data \
-         using (strcol(1) eq word(series, i) && $2 == d + 0 && $3 == c + 0 ? $4 : NaN):5 \
+         using (strcol(1) eq word(series, i) && $2 == d + 0 && $3 == c + 0 ? $4 * nudge(word(series, i)) : NaN):5 \
          with linespoints ls style(word(series, i)) notitle
   }
 }
 # one key for the four panels, in a strip under them
 eval keystrip(0.005, 0.125)
-set key center center horizontal Left reverse spacing 1.3 samplen 5 box font ',13'
-if (strlen(note) > 0) { set label 1 note at screen 0.5, 0.155 center font ',13' tc rgb '#404040' noenhanced }
+set key center center horizontal Left reverse spacing 1.3 samplen 6 box font ',13'
+caption = strlen(note) > 0 ? note . "\n" . nudged : nudged
+set label 1 caption at screen 0.5, 0.155 center font ',13' tc rgb '#404040' noenhanced
 plot for [i = 1:words(series)] NaN with linespoints ls style(word(series, i)) title field(titles, i)
 unset multiplot

@@ -8,10 +8,13 @@
 # H = 2048 / d; rows such as B = H = 1 stay out), the latest row of each shape winning:
 #   plots/<gpu>_fwd      (a) forward TFLOP/s against N: a line per stage, torch-flash, torch-cudnn
 #   plots/<gpu>_speedup  (b) each stage's speedup over stage 4 at d = 64, the FA-2 paper's beside it
-#                            (bench/data/anchors/fa2_paper_a100.csv)
+#                            (bench/data/anchors/fa2_paper_a100.csv); stage 4's blocks on a top axis,
+#                            shaded where they are fewer than the SMs, and a caption on why ours grow
+#                            with N
 #   plots/<gpu>_bwd      (c) backward TFLOP/s against N: stage 10 beside torch-flash, torch-cudnn
 #   plots/<gpu>_hbm      (e) HBM bytes per stage at one shape: the stage's formula beside the DRAM
-#                            bytes Nsight Compute measured (bench/data/<gpu>_hbm.csv, `make bench-ncu`)
+#                            bytes Nsight Compute measured (bench/data/<gpu>_hbm.csv, `make bench-ncu`),
+#                            with a caption on why a measured bar falls short of its formula (the L2)
 # From bench/data/cpu.csv (`make bench-cpu`) and the GPU files:
 #   plots/memory         (d) memory for one (batch, head) against N: stages 1, 3 (CPU) and 9 (GPU)
 #   plots/cpu            (f) the CPU stages' GFLOP/s against N
@@ -19,6 +22,9 @@
 # A stage of the Makefile's list with no rows yet is named under the chart, not drawn.
 # Then README.md's results table, between its markers, from plots/readme_table.sh (README=FILE
 # splices it into FILE instead).
+# To try the charts on other data (rows not committed, a stage not measured yet): DATA=DIR reads
+# DIR/*.csv and DIR/anchors/ instead of bench/data/, OUTDIR=DIR writes the images there instead
+# of plots/; with DATA set the README's table (which reads bench/data/ alone) is left as it is.
 set -euo pipefail
 cd "$(dirname "$0")"
 root=$(cd .. && pwd)
@@ -27,8 +33,10 @@ command -v gnuplot >/dev/null || { echo "plot.sh: gnuplot not found (apt-get ins
 shopt -s nullglob
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-data="$root/bench/data"
+data=$(cd "${DATA:-$root/bench/data}" && pwd)
+outdir=$(mkdir -p "${OUTDIR:-.}" && cd "${OUTDIR:-.}" && pwd)
 MEM_GPU_STAGE=stage9   # the GPU stage the memory chart draws: the production forward
+GRID_STAGE=stage8      # the first stage with a block per Q tile; the stages before it, one per (batch, head)
 README=${README:-$root/README.md}
 csv_stage_lists   # CPU_BINS, GPU_BINS, FWD_BINS: the stages the Makefile lists
 
@@ -44,9 +52,9 @@ render() {
   local vars
   vars=$(printf '%s; ' "$@")
   for fmt in png svg; do
-    gnuplot -e "fmt='$fmt'; out='$name.$fmt'; $vars" "$chart.gp"
+    gnuplot -e "fmt='$fmt'; out='$outdir/$name.$fmt'; $vars" "$chart.gp"
   done
-  echo "plots/$name.png, plots/$name.svg"
+  echo "${outdir#"$root"/}/$name.png, ${outdir#"$root"/}/$name.svg"
 }
 # A gnuplot string assignment, name="value", double-quoted so that \n in a title breaks the line.
 gpstr() { local v=${2//\\/\\\\}; v=${v//\\\\n/\\n}; printf '%s="%s"' "$1" "${v//\"/\\\"}"; }
@@ -61,6 +69,25 @@ runs_of() {
   sort -u | awk '{ who[$2] = who[$2] (who[$2] == "" ? "" : ", ") $1; if (!($2 in seen)) { seen[$2]; order[++n] = $2 } }
     END { for (i = 1; i <= n; i++) printf "%s%s (%s)", (i > 1 ? "; " : ""), order[i], who[order[i]] }'
 }
+# The '; '-separated list on stdin (runs_of's) broken into lines of at most $1 characters, joined
+# by a literal \n (a title line too long for its chart otherwise runs off the image).
+wrap_list() { awk -v w="$1" '{ n = split($0, p, "; "); line = ""; out = ""
+    for (i = 1; i <= n; i++) {
+      if (line != "" && length(line) + 2 + length(p[i]) > w) { out = out line ";\\n"; line = p[i] }
+      else line = line (line == "" ? "" : "; ") p[i] }
+    printf "%s%s", out, line }'; }
+# The text on stdin broken between words into lines of at most $1 characters, joined by a literal
+# \n: a caption for a narrow column of a chart.
+wrap_text() { awk -v w="$1" '{ for (i = 1; i <= NF; i++) {
+      if (line != "" && length(line) + 1 + length($i) > w) { out = out line "\\n"; line = $i }
+      else line = line (line == "" ? "" : " ") $i } }
+    END { printf "%s%s", out, line }'; }
+# "4k" for 4096, "512" for 512: N as the charts' axes write it
+kilo() { if [ "$1" -ge 1024 ]; then echo "$(($1 / 1024))k"; else echo "$1"; fi; }
+# What the charts say about a GPU, from its datasheet, where it is listed here (nothing otherwise,
+# and the charts leave the number out): its SM count and its L2 cache.
+gpu_sms() { case $1 in h200) echo 132 ;; a100) echo 108 ;; esac; }
+gpu_l2() { case $1 in h200) echo "50 MiB" ;; a100) echo "40 MiB" ;; esac; }
 # "stages 8, 9" / "stage 10": the stages given as arguments (stageN), for a sentence.
 stages_phrase() { [ $# -gt 0 ] || return 0; printf 'stage%s %s' "$([ $# -gt 1 ] && echo s)" "$(printf '%s\n' "$@" | sed 's/^stage//' | paste -sd, | sed 's/,/, /g')"; }
 
@@ -93,10 +120,10 @@ for csv in "${gpu_csvs[@]}"; do
       sort -k1,1 -k2,2n -k3,3n -k4,4n > "$tmp/$dir.dat"
     mapfile -t series < <(cut -d' ' -f1 "$tmp/$dir.dat" | order_series)
     if [ ${#series[@]} -eq 0 ]; then
-      echo "plot.sh: ${csv#"$root"/} has no $dir rows on the benchmark grid: no plots/${gpu}_$dir chart" >&2
+      echo "plot.sh: ${csv#"$root"/} has no $dir rows on the benchmark grid: no ${outdir#"$root"/}/${gpu}_$dir chart" >&2
       continue
     fi
-    runs=$(runs_of < "$tmp/runs.txt")
+    runs=$(runs_of < "$tmp/runs.txt" | wrap_list 110)
     what=$([ "$dir" = fwd ] && echo Forward || echo Backward)
     flops=$([ "$dir" = fwd ] && echo "4·B·H·N^2·d FLOPs" || echo "2.5 × 4·B·H·N^2·d FLOPs")
     heading="$what speed, $GPU, fp16, B·N = 16k tokens, H·d = 2048 ($flops, halved when causal)\\nthe latest run of each line, by commit: $runs"
@@ -124,7 +151,12 @@ for csv in "${gpu_csvs[@]}"; do
         else if (grid_via(s, "stage4", "torch-flash", "fwd", sel)) { print s, p[2], p[3], OV_q[1]; print s, OV_run, OV_run_y > cross }
       }
     }' "$csv" | sort -k1,1V -k2,2n -k3,3n > "$tmp/speedup.dat"
-  csv_awk '{ print get("seqlen"), get("speedup") }' "$data/anchors/fa2_paper_a100.csv" > "$tmp/paper.dat"
+  paper_csv="$data/anchors/fa2_paper_a100.csv"
+  if [ -s "$paper_csv" ]; then
+    csv_awk '{ print get("seqlen"), get("speedup") }' "$paper_csv" > "$tmp/paper.dat"
+  else
+    echo "NaN NaN" > "$tmp/paper.dat"   # drawn as nothing; the note says why
+  fi
   mapfile -t series < <(cut -d' ' -f1 "$tmp/speedup.dat" | order_series)
   if [ ${#series[@]} -gt 0 ]; then
     titles=""
@@ -135,16 +167,44 @@ for csv in "${gpu_csvs[@]}"; do
     done
     note=$(sort -u "$tmp/cross.txt" | sort -V | awk '{ if (!($1 in seen)) { seen[$1]; s = s (s == "" ? "" : ", ") "stage " substr($1, 6) " (" $2 ")" }; base = $3 }
       END { if (s != "") printf "† %s measured in another run than stage 4 (%s): speedup = (stage / torch-flash in its run) ÷ (stage 4 / torch-flash in stage 4'"'"'s run)", s, base }')
+    # a stage with rows at d = 64 but no speedup (neither stage 4 nor torch-flash in its run)
+    read -r -a unpaired <<< "$(csv_awk -v drawn=" ${series[*]} " '
+      get("direction") == "fwd" && get("dim") == 64 && get("stage") ~ /^stage[0-9]+$/ && get("stage") != "stage4" &&
+      get("batch") * get("seqlen") == 16384 && get("heads") * get("dim") == 2048 && index(drawn, " " get("stage") " ") == 0 { s[get("stage")] }
+      END { for (k in s) print k }' "$csv" | sort -V | paste -sd' ')"
+    if [ ${#unpaired[@]} -gt 0 ]; then
+      note="${note}${note:+\\n}$(stages_phrase "${unpaired[@]}"): measured, but with neither stage 4 nor torch-flash in the same run, so no speedup drawn"
+    fi
     missing=$(missing_note fwd)
     if [ -n "$missing" ]; then note="$missing${note:+\\n}$note"; fi
+    if [ ! -s "$paper_csv" ]; then note="${note}${note:+\\n}The FA-2 paper's figures: no ${paper_csv#"$root"/}, not drawn"; fi
+    # Why ours grow with N while the paper's stay near 2×: the grid of stages 4 to 7 at d = 64 is
+    # B·H = (16384 / N) · (2048 / 64) blocks, one per (batch, head); under the SM count the rest idle.
+    sms=$(gpu_sms "$gpu")
+    heads=$((2048 / 64))
+    last_bh=$(( ${GRID_STAGE#stage} - 1 ))
+    why="Stages 4 to $last_bh launch one block per (batch, head), B·H = $heads · 16384 / N blocks (top axis)"
+    idle_n=""
+    for n in 512 1024 2048 4096 8192 16384; do
+      if [ -n "$sms" ] && [ $((heads * 16384 / n)) -lt "$sms" ]; then idle_n=$n; break; fi
+    done
+    if [ -n "$idle_n" ]; then
+      why="$why,\\nfewer than the $GPU's $sms SMs from N = $(kilo "$idle_n") on (shaded; $heads at N = 16k), leaving most SMs idle."
+    else
+      why="$why,\\nat long N too few to fill the $GPU's SMs."
+    fi
+    # what the grid over Q tiles bought, where a stage that has it is drawn
+    grid_drawn=""
+    for s in "${series[@]}"; do if [ "${s#stage}" -ge "${GRID_STAGE#stage}" ]; then grid_drawn=1; fi; done
+    why="$why From stage ${GRID_STAGE#stage} on, a block per Q tile\\nas well fills them$([ -n "$grid_drawn" ] && echo ", and the speedup grows with N" || echo " (not measured yet here)"). The paper's figures: FA-2 over FA-1's own CUDA implementation, on an A100 (108 SMs)."
     runs=$(csv_awk -f grid.awk '{ grid_add() } END { for (k in G_last) { split(k, f, SUBSEP); split(f[3], p, " ")
-      if (f[1] ~ /^stage/ && f[2] == "fwd" && p[1] == 64) print f[1], G_last[k] } }' "$csv" | runs_of)
-    heading="Speedup over stage 4 (FA-1), forward, d = 64, $GPU, fp16, B·N = 16k, H = 32\\nruns (commit): $runs"
+      if (f[1] ~ /^stage/ && f[2] == "fwd" && p[1] == 64) print f[1], G_last[k] } }' "$csv" | runs_of | wrap_list 130)
+    heading="Speedup over stage 4 (FA-1), forward, d = 64, $GPU, fp16, B·N = 16k, H = $heads\\nruns (commit): $runs"
     render speedup "${gpu}_speedup" "$(gpstr data "$tmp/speedup.dat")" "$(gpstr series "${series[*]}")" \
       "$(gpstr titles "$titles")" "$(gpstr heading "$heading")" "$(gpstr note "$note")" \
-      "$(gpstr paper "$tmp/paper.dat")"
+      "$(gpstr paper "$tmp/paper.dat")" "$(gpstr why "$why")" "sms=${sms:-0}" "heads=$heads"
   else
-    echo "plot.sh: ${csv#"$root"/} has no stage 4 rows at d = 64 beside another stage's: no plots/${gpu}_speedup chart" >&2
+    echo "plot.sh: ${csv#"$root"/} has no stage 4 rows at d = 64 beside another stage's: no ${outdir#"$root"/}/${gpu}_speedup chart" >&2
   fi
 
   # ---- (e) HBM bytes: the formula beside Nsight Compute ----
@@ -153,7 +213,8 @@ for csv in "${gpu_csvs[@]}"; do
     # the latest row of each stage, in stage order, as hbm.gp reads it:
     #   idx stage Q KV O O_work rowstats dram_read dram_write
     # and beside it the shapes (one, unless the rows disagree) and the runs ("stage commit")
-    csv_awk -v dat="$tmp/hbm.dat" -v shapes="$tmp/hbm_shape.txt" -v runs="$tmp/hbm_runs.txt" '
+    # and the stages whose measured bytes fall under 90% of the formula ("stage9 0.61 2.22", GB)
+    csv_awk -v dat="$tmp/hbm.dat" -v shapes="$tmp/hbm_shape.txt" -v runs="$tmp/hbm_runs.txt" -v below="$tmp/hbm_below.txt" '
       { s = get("stage")
         last[s] = get("hbm_q_bytes") " " get("hbm_kv_bytes") " " get("hbm_o_bytes") " " get("hbm_o_work_bytes") " " \
                   get("hbm_rowstats_bytes") " " get("dram_read_bytes") " " get("dram_write_bytes")
@@ -165,18 +226,31 @@ for csv in "${gpu_csvs[@]}"; do
         for (i = 2; i <= n; i++) for (j = i; j > 1 && substr(st[j], 6) + 0 < substr(st[j - 1], 6) + 0; j--) { t = st[j]; st[j] = st[j - 1]; st[j - 1] = t }
         for (i = 1; i <= n; i++) {
           print i, st[i], last[st[i]] > dat; print st[i], run[st[i]] > runs
+          split(last[st[i]], b, " "); f = b[1] + b[2] + b[3] + b[4] + b[5]; m = b[6] + b[7]
+          if (b[6] != "" && f > 0 && m < 0.9 * f) printf "%s %.2f %.2f\n", st[i], m / 1e9, f / 1e9 > below
           if (!(shape[st[i]] in seen)) { seen[shape[st[i]]]; printf "%s%s", k++ ? " / " : "", shape[st[i]] > shapes }
         } }' "$hbm"
+    touch "$tmp/hbm_below.txt"
     shape=$(cat "$tmp/hbm_shape.txt")
-    runs=$(runs_of < "$tmp/hbm_runs.txt")
+    runs=$(runs_of < "$tmp/hbm_runs.txt" | wrap_list 110)
     # the stages make bench-ncu measures (the forward GPU stages) with no row here yet
     read -r -a ncu_missing <<< "$(csv_awk -v bins="$FWD_BINS" '{ seen[get("stage")] }
       END { n = split(bins, b, " "); for (i = 1; i <= n; i++) if (!(b[i] in seen)) printf "%s ", b[i] }' "$hbm")"
-    heading="HBM bytes of one forward, $GPU, $shape\\nleft bar: the stage's formula (what its loop structure moves), term by term\\nright bar: the DRAM bytes Nsight Compute measured, first launch\\nruns (commit): $runs"
-    if [ ${#ncu_missing[@]} -gt 0 ]; then
-      heading="$heading; not measured yet (make bench-ncu): $(stages_phrase "${ncu_missing[@]}")"
+    heading="HBM bytes of one forward, $GPU, at the shape Nsight Compute measured: $shape\\nleft bar: the stage's formula (what its loop structure moves), term by term\\nright bar: the DRAM bytes Nsight Compute measured, first launch\\nruns (commit): $runs"
+    # under the chart: why a measured bar can fall short of its formula, where one does here
+    l2=$(gpu_l2 "$gpu")
+    l2=${l2:+the L2 cache ($l2 on the $GPU)}
+    if [ -s "$tmp/hbm_below.txt" ]; then
+      below=$(sort -V "$tmp/hbm_below.txt" | awk '{ printf "%s%s: %s GB against %s", (NR > 1 ? "; " : ""), "stage " substr($1, 6), $2, $3 }')
+      note="Why a measured bar falls short of its formula ($below): ${l2:-the L2 cache} serves $([ "$(wc -l < "$tmp/hbm_below.txt")" -gt 1 ] && echo their || echo its) repeated reads of the same K/V tiles, so DRAM sees less than the loop structure requests."
+    else
+      note="Every stage's measured bytes are within 10% of its formula at this shape: DRAM sees what the loop structure requests."
     fi
-    render hbm "${gpu}_hbm" "$(gpstr data "$tmp/hbm.dat")" "$(gpstr heading "$heading")"
+    note=$(wrap_text 38 <<< "$note")
+    if [ ${#ncu_missing[@]} -gt 0 ]; then
+      note="$note\\n\\n$(wrap_text 38 <<< "Not measured yet (make bench-ncu): $(stages_phrase "${ncu_missing[@]}")")"
+    fi
+    render hbm "${gpu}_hbm" "$(gpstr data "$tmp/hbm.dat")" "$(gpstr heading "$heading")" "$(gpstr note "$note")"
   else
     echo "plot.sh: no ${hbm#"$root"/}: the HBM chart (formula against Nsight Compute) needs make bench-ncu on a GPU with ncu; not drawn" >&2
   fi
@@ -261,7 +335,9 @@ else
 fi
 
 # ---- the README's results table ----
-if [ ${#gpu_csvs[@]} -gt 0 ]; then
+if [ -n "${DATA:-}" ]; then
+  echo "plot.sh: DATA=$DATA: the README's results table (drawn from bench/data/ alone) left as it is" >&2
+elif [ ${#gpu_csvs[@]} -gt 0 ]; then
   ./readme_table.sh --splice "$README"
   echo "${README#"$root"/}: results table"
 else
