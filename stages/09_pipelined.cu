@@ -1,22 +1,29 @@
-/* 08_seq_parallel.cu: FlashAttention-2 forward, parallel over the sequence (FA-2 paper, section 3.2)
+/* 09_pipelined.cu: FlashAttention-2 forward, engineered to FlashAttention-2's speed
  *
- * Changed from stage 7: the grid is (batch * heads) x (Q tiles): one block per Q tile instead of
- *   one per head, so a single head of a long sequence fills the GPU. With a causal mask a block
- *   never visits the K/V tiles wholly right of the diagonal, masks only the tiles that need it,
- *   and the heaviest Q tiles (the last ones, which see the most keys) are launched first.
- *   Then the engineering that makes it FlashAttention-2's speed, each step measured in
- *   notes/08_seq_parallel.md:
- *   - K_{j+1} and V_{j+1} are copied (cp.async) into a second buffer while tile j computes:
- *     one barrier per K/V step instead of two, and every load has a whole step to arrive;
- *   - shared-memory tiles are unpadded and swizzled (16-byte chunks XOR-permuted by row), so
- *     cp.async writes and ldmatrix reads are free of bank conflicts;
- *   - scores stay raw: exp(scale * s - scale * m) is one FFMA and one exp2, with scale * log2(e)
- *     folded into one constant; row sums stay per thread until the end;
- *   - tile sizes and warps per block chosen per head dim (configuration below); each warp owns 32
- *     rows where registers allow, so every K and V fragment it loads feeds two mma;
- *   - O leaves through shared memory (each warp's own rows of the Q tile) in 16-byte stores.
- *   fp16 and bf16 (one kernel, the element type a template parameter); d = 32, 64, 128, 256.
- * Measured on H200: see notes/08_seq_parallel.md.
+ * Changed from stage 8: the algorithm and the grid stay (one block per Q tile, heaviest first,
+ *   causal tiles skipped); the kernel is engineered, one piece at a time:
+ *   - double-buffered cp.async: K_{j+1} and V_{j+1} are copied into a second buffer while tile j
+ *     computes: one barrier per K/V step instead of two, and every load has a whole step to
+ *     arrive (stage 8: half a step);
+ *   - swizzled, unpadded shared memory read with ldmatrix: 16-byte chunks XOR-permuted by row
+ *     (common/cuda/swizzle.cuh), so cp.async writes and ldmatrix reads are free of bank conflicts
+ *     without padding; a lane computes its ldmatrix address once per operand, and every other
+ *     fragment's address is a compile-time step from it;
+ *   - raw scores, with scale * log2(e) folded into one constant: exp(scale * s - scale * m) is
+ *     one FFMA and one exp2 per score (stage 8 multiplies every score first); row sums stay per
+ *     thread until the end;
+ *   - tile sizes per head dim (configuration below): four warps, each owning 32 rows where
+ *     registers allow (so every K and V fragment it loads feeds two mma), and Bc and the
+ *     softmax's sub-tile Bs chosen per d;
+ *   - masks only on the tiles that need them: the tail of N and, when causal, the tiles that
+ *     cross the diagonal (stage 8 tests every score);
+ *   - O leaves through shared memory (each warp's own rows of the Q tile) in 16-byte stores;
+ *   - fp16 and bf16: one kernel, the element type a template parameter;
+ *   - d = 32, 64, 128, 256 (stage 8: 64 and 128).
+ * Why: with the sequence parallel grid every SM is busy; what is left is the time an SM spends
+ *   per tile: shared-memory reads, waits for loads, and the instructions around the mma. Each
+ *   piece removes some of it.
+ * Measured on H200: notes/09_pipelined.md, with the ablation (each piece taken out in turn).
  * Run: ./stage9 --batch 1 --heads 1 --seqlen 16384 --dim 128 --causal
  */
 #include "common/attn.h"
@@ -25,6 +32,7 @@
 #include "common/cuda/defs.cuh"
 #include "common/cuda/launch.cuh"
 #include "common/cuda/mma.cuh"
+#include "common/cuda/swizzle.cuh"
 
 #include <algorithm>
 #include <cuda_bf16.h>
@@ -36,27 +44,31 @@ namespace {
 
 /* ---- configuration ---- */
 
-/* Per head dim: NWARPS warps, each owning M_TILES m16 tiles (16 * M_TILES rows) of the Q tile, and
- * K/V tiles of Bc keys. Per thread a warp's rows hold M_TILES * HeadDim / 2 fp32 of O_i and
- * M_TILES * Bc / 2 of S_ij; the sum must stay well under the 255 registers a thread may use, or
- * the kernel spills (check with -Xptxas -v). Two rows' tiles per warp (M_TILES = 2) halve the
- * shared-memory reads per mma: each K or V fragment serves both. */
+/* Four warps per block at every head dim (eight warps of 16 rows measured 9 to 20% slower than
+ * four of 32: notes/09_pipelined.md). Per head dim: each warp owns M_TILES m16 tiles (16 * M_TILES
+ * rows) of the Q tile; K/V tiles of Bc keys; and the softmax and P_ij V_j work through a K/V tile
+ * in sub-tiles of Bs keys (Bs = Bc where registers allow). Per thread a warp's rows hold
+ * M_TILES * HeadDim / 2 fp32 of O_i and M_TILES * Bs / 2 of S_ij; the sum must stay well under
+ * the 255 registers a thread may use, or the kernel spills (check with -Xptxas -v). Two row
+ * tiles per warp (M_TILES = 2) halve the shared-memory reads per mma: each K or V fragment
+ * serves both. */
+constexpr int NWARPS = 4;
 template <int HeadDim>
 struct cfg;
 template <>
-struct cfg<32> { static constexpr int NWARPS = 4, M_TILES = 2, Bc = 128, Bs = 128; };  /* O 32 + S 128 */
+struct cfg<32> { static constexpr int M_TILES = 2, Bc = 128, Bs = 128; };  /* O 32 + S 128 */
 template <>
-struct cfg<64> { static constexpr int NWARPS = 4, M_TILES = 2, Bc = 128, Bs = 128; };  /* O 64 + S 128 */
+struct cfg<64> { static constexpr int M_TILES = 2, Bc = 128, Bs = 128; };  /* O 64 + S 128 */
 template <>
-struct cfg<128> { static constexpr int NWARPS = 4, M_TILES = 2, Bc = 64, Bs = 32; };  /* O 128 + S 32 */
+struct cfg<128> { static constexpr int M_TILES = 2, Bc = 64, Bs = 32; };  /* O 128 + S 32 */
 template <>
-struct cfg<256> { static constexpr int NWARPS = 4, M_TILES = 1, Bc = 64, Bs = 64; };  /* O 128 + S 32 */
+struct cfg<256> { static constexpr int M_TILES = 1, Bc = 64, Bs = 64; };  /* O 128 + S 32 */
 
 /* Everything derived from the configuration: tile sizes and the shared-memory layout. */
 template <int HeadDim>
 struct tiles {
     typedef cfg<HeadDim> C;
-    static constexpr int NWARPS = C::NWARPS, M_TILES = C::M_TILES, Bc = C::Bc, Bs = C::Bs;
+    static constexpr int M_TILES = C::M_TILES, Bc = C::Bc, Bs = C::Bs;
     static constexpr int NTHREADS = NWARPS * WARP_SIZE;
     static constexpr int ROWS_PER_WARP = 16 * M_TILES;
     static constexpr int Br = NWARPS * ROWS_PER_WARP;
@@ -71,52 +83,6 @@ struct tiles {
 
 /* ---- kernel ---- */
 
-/* The swizzle. A tile row of HeadDim 16-bit elements is HeadDim / 8 chunks of 16 bytes. ldmatrix reads one
- * chunk from each of 8 consecutive rows; unpadded, those 8 chunks would sit in the same banks
- * (HeadDim = 64: rows 128 bytes apart). Storing logical chunk c of row r at chunk c ^ f(r), where f(r)
- * takes 8 different values over any 8 consecutive rows' 128-byte lines, puts them in 8 different
- * 16-byte bank groups. HeadDim >= 64: f(r) = r mod 8. HeadDim = 32 (two rows per 128-byte line):
- * f(r) = (r / 2) mod 4, and the two rows sharing a line differ in their half of it. */
-template <int HeadDim>
-__device__ __forceinline__ int swz(int row, int chunk)
-{
-    constexpr int CHUNKS = HeadDim / 8;
-    const int f = CHUNKS >= 8 ? (row & 7) : ((row / (8 / CHUNKS)) & (CHUNKS - 1));
-    return row * HeadDim + ((chunk ^ f) << 3); /* element offset */
-}
-
-/* ldmatrix addresses, in 32-bit shared-memory bytes. A lane's address for logical (row, chunk) is
- * split into a part that depends on the lane (computed once: lane_addr) and a compile-time
- * step (step) of whole 8-row groups and an even number of chunks. Because the step keeps
- * row mod 8 and adds no carry into the swizzled chunk bits, it is an XOR of constant bits plus a
- * constant: each ldmatrix costs one or two integer instructions, and the kernel does not keep one
- * register per fragment address (it runs at the 255-register limit). */
-template <int HeadDim>
-__device__ __forceinline__ unsigned lane_addr(unsigned tile, int row, int chunk)
-{
-    return tile + 2 * swz<HeadDim>(row, chunk);
-}
-template <int HeadDim>
-__device__ __forceinline__ unsigned step(unsigned lane_addr, int rows, int chunks)
-{
-    constexpr int LINE = HeadDim / 8 >= 8 ? 8 : HeadDim / 8; /* chunks the swizzle permutes together */
-    return (lane_addr ^ ((chunks % LINE) << 4)) + rows * HeadDim * 2 + (chunks / LINE) * 16 * LINE;
-}
-
-/* Rows row0 .. row0+ROWS-1 of one head's [N, HeadDim] matrix into a swizzled shared tile, 16 bytes per
- * cp.async. Rows at or past N are zero-filled (and never read from HBM). */
-template <typename T, int HeadDim, int ROWS, int NTHREADS>
-__device__ __forceinline__ void load_tile(T *tile, const T *src, int row0, int N)
-{
-    constexpr int CHUNKS = HeadDim / 8;
-    for (int c = threadIdx.x; c < ROWS * CHUNKS; c += NTHREADS) {
-        const int r = c / CHUNKS, chunk = c % CHUNKS;
-        const bool valid = row0 + r < N;
-        const T *from = src + (size_t)(valid ? row0 + r : 0) * HeadDim + chunk * 8;
-        cp_async_16_zfill(tile + swz<HeadDim>(r, chunk), from, valid);
-    }
-}
-
 /* COUNT: the counting build for --counters (common/cuda/counters.cuh); the timed build has none. */
 template <typename T, int HeadDim, bool COUNT>
 __global__ void __launch_bounds__(tiles<HeadDim>::NTHREADS)
@@ -124,25 +90,29 @@ stage9_pipelined_kernel(const T *__restrict__ Q, const T *__restrict__ K, const 
                            T *__restrict__ O, float *__restrict__ L, int N, int causal, float scale_log2,
                            unsigned long long *counters)
 {
-    typedef tiles<HeadDim> TL;
+    typedef tiles<HeadDim> Tiles;
     typedef mma16<T> M;
-    constexpr int NTHREADS = TL::NTHREADS, M_TILES = TL::M_TILES, Br = TL::Br, Bc = TL::Bc;
-    constexpr int Bs = TL::Bs;
-    constexpr int KT = Bs / 8; /* n8 key tiles of S_ij */
-    constexpr int DT = HeadDim / 8;  /* n8 column tiles of O_i */
+    constexpr int NTHREADS = Tiles::NTHREADS, M_TILES = Tiles::M_TILES, Br = Tiles::Br, Bc = Tiles::Bc;
+    constexpr int Bs = Tiles::Bs;
+    constexpr int KT = Bs / 8;      /* key tiles: n8 tiles of S_ij in a sub-tile of Bs keys */
+    constexpr int DT = HeadDim / 8; /* dim tiles: n8 column tiles of O_i */
     extern __shared__ __align__(128) unsigned char smem[];
-    T *Q_i = (T *)(smem + TL::Q_i);
-    T *K_buf = (T *)(smem + TL::K_j); /* [2][Bc][HeadDim] */
-    T *V_buf = (T *)(smem + TL::V_j); /* [2][Bc][HeadDim] */
+    T *Q_i = (T *)(smem + Tiles::Q_i);
+    T *K_buf = (T *)(smem + Tiles::K_j); /* [2][Bc][HeadDim] */
+    T *V_buf = (T *)(smem + Tiles::V_j); /* [2][Bc][HeadDim] */
 
     const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
     const int g = lane >> 2, t = lane & 3;      /* groupID, tid_in_group (see mma.cuh) */
-    const int row0 = warp * TL::ROWS_PER_WARP;  /* this warp's rows of Q_i, O_i */
-    /* this lane's ldmatrix addresses at the first fragment of each operand (see step) */
-    const unsigned Q_lane = lane_addr<HeadDim>((unsigned)__cvta_generic_to_shared(Q_i), row0 + (lane & 15), lane >> 4);
-    const unsigned K_lane = lane_addr<HeadDim>((unsigned)__cvta_generic_to_shared(K_buf),
-                                                (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
-    const unsigned V_lane = lane_addr<HeadDim>((unsigned)__cvta_generic_to_shared(V_buf), lane & 15, lane >> 4);
+    const int row0 = warp * Tiles::ROWS_PER_WARP;  /* this warp's rows of Q_i, O_i */
+    /* this lane's ldmatrix addresses at the first fragment of each operand, the rest are
+     * swizzle_steps from them (common/cuda/swizzle.cuh): Q as A fragments, K (stored as B^T) and
+     * V (stored k-major, read .trans) as B fragments */
+    const unsigned Q_lane = swizzle_addr<HeadDim>((unsigned)__cvta_generic_to_shared(Q_i), row0 + a_order_row(lane),
+                                                  a_order_chunk(lane));
+    const unsigned K_lane = swizzle_addr<HeadDim>((unsigned)__cvta_generic_to_shared(K_buf), b_order_row(lane),
+                                                  b_order_chunk(lane));
+    const unsigned V_lane = swizzle_addr<HeadDim>((unsigned)__cvta_generic_to_shared(V_buf), a_order_row(lane),
+                                                  a_order_chunk(lane));
     constexpr unsigned TILE_BYTES = 2 * Bc * HeadDim; /* one K (or V) buffer */
 
     /* The grid: x = (batch, head), y = Q tile. Blocks start in linear order (x fastest), so with a
@@ -159,9 +129,9 @@ stage9_pipelined_kernel(const T *__restrict__ Q, const T *__restrict__ K, const 
     work_tally<COUNT> tally;
 
     /* Q_i, K_0 and V_0: one cp.async group. */
-    load_tile<T, HeadDim, Br, NTHREADS>(Q_i, Q, q0, N);
-    load_tile<T, HeadDim, Bc, NTHREADS>(K_buf, K, 0, N);
-    load_tile<T, HeadDim, Bc, NTHREADS>(V_buf, V, 0, N);
+    load_tile_swizzled<T, HeadDim, Br, NTHREADS>(Q_i, Q, q0, N);
+    load_tile_swizzled<T, HeadDim, Bc, NTHREADS>(K_buf, K, 0, N);
+    load_tile_swizzled<T, HeadDim, Bc, NTHREADS>(V_buf, V, 0, N);
     cp_async_commit();
 
     /* This lane's rows are row0 + 16 mt + 8 h + g (mt < M_TILES, h = 0, 1). m_i is the running
@@ -178,8 +148,8 @@ stage9_pipelined_kernel(const T *__restrict__ Q, const T *__restrict__ K, const 
                           * so its buffer is free for tile j+1 */
         if (j + 1 < n_tiles) { /* tile j+1 copies while tile j computes */
             const int b = (j + 1) & 1;
-            load_tile<T, HeadDim, Bc, NTHREADS>(K_buf + b * Bc * HeadDim, K, (j + 1) * Bc, N);
-            load_tile<T, HeadDim, Bc, NTHREADS>(V_buf + b * Bc * HeadDim, V, (j + 1) * Bc, N);
+            load_tile_swizzled<T, HeadDim, Bc, NTHREADS>(K_buf + b * Bc * HeadDim, K, (j + 1) * Bc, N);
+            load_tile_swizzled<T, HeadDim, Bc, NTHREADS>(V_buf + b * Bc * HeadDim, V, (j + 1) * Bc, N);
         }
         cp_async_commit();
         const unsigned K_j = K_lane + (j & 1) * TILE_BYTES, V_j = V_lane + (j & 1) * TILE_BYTES;
@@ -197,11 +167,11 @@ stage9_pipelined_kernel(const T *__restrict__ Q, const T *__restrict__ K, const 
                 uint32_t Qf[M_TILES][4]; /* A fragments: rows 16 mt .. +15, columns k .. k+15 */
     #pragma unroll
                 for (int mt = 0; mt < M_TILES; mt++)
-                    ldmatrix_x4_at(Qf[mt], step<HeadDim>(Q_lane, mt * 16, k / 8));
+                    ldmatrix_x4_at(Qf[mt], swizzle_step<HeadDim>(Q_lane, mt * 16, k / 8));
     #pragma unroll
                 for (int kb = 0; kb < Bs / 16; kb++) {
                     uint32_t Kf[4]; /* B fragments: Kf[0..1] keys 16kb .. +7, Kf[2..3] keys 16kb+8 .. +15 */
-                    ldmatrix_x4_at(Kf, step<HeadDim>(K_j, sb + kb * 16, k / 8));
+                    ldmatrix_x4_at(Kf, swizzle_step<HeadDim>(K_j, sb + kb * 16, k / 8));
     #pragma unroll
                     for (int mt = 0; mt < M_TILES; mt++) {
                         M::mma(S_ij[mt][2 * kb], Qf[mt], &Kf[0]);
@@ -225,7 +195,7 @@ stage9_pipelined_kernel(const T *__restrict__ Q, const T *__restrict__ K, const 
                         }
             }
 
-            /* The online softmax per row, in registers (stage 7's, with the scale folded in):
+            /* The online softmax per row, in registers (stage 8's, with the scale folded in):
              *   m_new = max(m_i, rowmax(S_ij));  base = scale * m_new * log2(e)
              *   P_ij  = exp2(scale_log2 * S_ij - base)          one FFMA and one MUFU per score
              *   alpha = exp2(scale_log2 * m_i - base);  l_i = alpha l_i + rowsum(P_ij);  O_i *= alpha
@@ -272,7 +242,7 @@ stage9_pipelined_kernel(const T *__restrict__ Q, const T *__restrict__ K, const 
     #pragma unroll
                 for (int n = 0; n < HeadDim; n += 16) {
                     uint32_t Vf[4]; /* B fragments: Vf[0..1] columns n..n+7, Vf[2..3] columns n+8.. */
-                    ldmatrix_x4_trans_at(Vf, step<HeadDim>(V_j, sb + kb * 16, n / 8));
+                    ldmatrix_x4_trans_at(Vf, swizzle_step<HeadDim>(V_j, sb + kb * 16, n / 8));
     #pragma unroll
                     for (int mt = 0; mt < M_TILES; mt++) {
                         M::mma(O_acc[mt][n / 8], P_ij[mt], &Vf[0]);
@@ -302,15 +272,15 @@ stage9_pipelined_kernel(const T *__restrict__ Q, const T *__restrict__ K, const 
             }
 #pragma unroll
             for (int nt = 0; nt < DT; nt++)
-                *(uint32_t *)&Q_i[swz<HeadDim>(r, nt) + 2 * t] =
+                *(uint32_t *)&Q_i[swizzle<HeadDim>(r, nt) + 2 * t] =
                     M::pack(O_acc[mt][nt][2 * h] * inv_l, O_acc[mt][nt][2 * h + 1] * inv_l);
         }
     __syncwarp(); /* this warp's O rows in shared memory before its lanes copy them out */
     constexpr int CHUNKS = HeadDim / 8;
-    for (int c = lane; c < TL::ROWS_PER_WARP * CHUNKS; c += WARP_SIZE) {
+    for (int c = lane; c < Tiles::ROWS_PER_WARP * CHUNKS; c += WARP_SIZE) {
         const int r = row0 + c / CHUNKS, chunk = c % CHUNKS, query = q0 + r;
         if (query < N)
-            *(uint4 *)&O[(size_t)query * HeadDim + chunk * 8] = *(const uint4 *)&Q_i[swz<HeadDim>(r, chunk)];
+            *(uint4 *)&O[(size_t)query * HeadDim + chunk * 8] = *(const uint4 *)&Q_i[swizzle<HeadDim>(r, chunk)];
     }
     tally.flush(counters);
 }
@@ -321,12 +291,12 @@ stage9_pipelined_kernel(const T *__restrict__ Q, const T *__restrict__ K, const 
 template <int HeadDim>
 double kv_rows_read(const struct shape *sh)
 {
-    typedef tiles<HeadDim> TL;
-    const int N = sh->N, Tr = CEIL_DIV(N, TL::Br), Tc = CEIL_DIV(N, TL::Bc);
+    typedef tiles<HeadDim> Tiles;
+    const int N = sh->N, Tr = CEIL_DIV(N, Tiles::Br), Tc = CEIL_DIV(N, Tiles::Bc);
     double rows = 0;
     for (int i = 0; i < Tr; i++) {
-        const int n_tiles = sh->causal ? std::min(Tc, (std::min((i + 1) * TL::Br, N) - 1) / TL::Bc + 1) : Tc;
-        rows += std::min(n_tiles * TL::Bc, N);
+        const int n_tiles = sh->causal ? std::min(Tc, (std::min((i + 1) * Tiles::Br, N) - 1) / Tiles::Bc + 1) : Tc;
+        rows += std::min(n_tiles * Tiles::Bc, N);
     }
     return rows;
 }
@@ -349,8 +319,8 @@ void hbm_bytes(const struct shape *sh, struct hbm_traffic *t)
 template <typename T, int HeadDim, bool COUNT>
 int launch(const struct attn_args *a, char *why, size_t n)
 {
-    typedef tiles<HeadDim> TL;
-    const size_t smem = TL::bytes;
+    typedef tiles<HeadDim> Tiles;
+    const size_t smem = Tiles::bytes;
     if (int rc = smem_optin(stage9_pipelined_kernel<T, HeadDim, COUNT>, smem, HeadDim, why, n)) return rc;
 
     const struct shape *sh = &a->sh;
@@ -360,8 +330,8 @@ int launch(const struct attn_args *a, char *why, size_t n)
         return ATTN_UNSUPPORTED;
     }
     /* (batch, head) in x, Q tiles in y: at most 2^20 / 64 = 16384 tiles, under y's 65535 */
-    const dim3 grid((unsigned)bh, CEIL_DIV(sh->N, TL::Br));
-    const dim3 block(TL::NTHREADS);
+    const dim3 grid((unsigned)bh, CEIL_DIV(sh->N, Tiles::Br));
+    const dim3 block(Tiles::NTHREADS);
     stage9_pipelined_kernel<T, HeadDim, COUNT><<<grid, block, smem>>>(
         (const T *)a->Q, (const T *)a->K, (const T *)a->V, (T *)a->O, a->L, sh->N, sh->causal,
         sh->scale * LOG2E, a->counters);
@@ -401,7 +371,7 @@ int forward(const struct attn_args *a, char *why, size_t n)
 
 extern "C" const struct stage stage9_desc = {
     .name = "stage9",
-    .idea = "sequence parallel: one block per (Q tile, head), causal tiles skipped; pipelined and swizzled",
+    .idea = "FA-2's engineering: cp.async double buffer, swizzled smem + ldmatrix, exp2 with folded scale, tiles per d",
     .device = ON_GPU,
     .forward = forward,
     .backward = NULL,
