@@ -166,7 +166,7 @@ for csv in "${gpu_csvs[@]}"; do
       titles="$titles${titles:+|}$t"
     done
     note=$(sort -u "$tmp/cross.txt" | sort -V | awk '{ if (!($1 in seen)) { seen[$1]; s = s (s == "" ? "" : ", ") "stage " substr($1, 6) " (" $2 ")" }; base = $3 }
-      END { if (s != "") printf "† %s measured in another run than stage 4 (%s): speedup = (stage / torch-flash in its run) ÷ (stage 4 / torch-flash in stage 4'"'"'s run)", s, base }')
+      END { if (s != "") printf "† %s measured in another run than stage 4 (%s):\\nspeedup = (stage / torch-flash in its run) ÷ (stage 4 / torch-flash in stage 4'"'"'s run)", s, base }')
     # a stage with rows at d = 64 but no speedup (neither stage 4 nor torch-flash in its run)
     read -r -a unpaired <<< "$(csv_awk -v drawn=" ${series[*]} " '
       get("direction") == "fwd" && get("dim") == 64 && get("stage") ~ /^stage[0-9]+$/ && get("stage") != "stage4" &&
