@@ -12,7 +12,7 @@
 
 /* ---- which options a stage takes ---- */
 
-enum takes { ANY_STAGE, GPU_STAGE, GPU_FORWARD, BACKWARD, FORWARD };
+enum takes { ANY_STAGE, GPU_STAGE, GPU_FORWARD, BACKWARD };
 
 static int stage_takes(const struct stage *st, enum takes t)
 {
@@ -21,7 +21,6 @@ static int stage_takes(const struct stage *st, enum takes t)
     case GPU_STAGE: return st->device == ON_GPU;
     case GPU_FORWARD: return st->device == ON_GPU && !st->measures_backward; /* its kernel has a counting build */
     case BACKWARD: return st->measures_backward;
-    case FORWARD: return !st->measures_backward; /* --load and --save: the forward's tensors */
     }
     return 0;
 }
@@ -36,8 +35,8 @@ static const struct option_def {
     {"--softmax-scale", 1, ANY_STAGE}, {"--input-scale", 1, ANY_STAGE}, {"--seed", 1, ANY_STAGE},
     {"--warmup", 1, ANY_STAGE},      {"--iters", 1, ANY_STAGE},         {"--no-check", 0, ANY_STAGE},
     {"--csv", 0, ANY_STAGE},         {"--csv-row", 0, ANY_STAGE},       {"--flush-l2", 0, GPU_STAGE},
-    {"--counters", 0, GPU_FORWARD},  {"--deterministic", 0, BACKWARD},  {"--load", 1, FORWARD},
-    {"--save", 1, FORWARD},          {"--help", 0, ANY_STAGE},          {"-h", 0, ANY_STAGE},
+    {"--counters", 0, GPU_FORWARD},  {"--deterministic", 0, BACKWARD},  {"--load", 1, ANY_STAGE},
+    {"--save", 1, ANY_STAGE},          {"--help", 0, ANY_STAGE},          {"-h", 0, ANY_STAGE},
 };
 
 static const struct option_def *find_option(const struct stage *st, const char *name)
@@ -100,10 +99,10 @@ static void usage(const struct stage *st, const struct opts *def, FILE *f)
                    "                     it counted, beside the HBM bytes its loop structure moves\n");
     if (stage_takes(st, BACKWARD))
         fprintf(f, "  --deterministic    bitwise-identical dQ from run to run (no atomics; slower)\n");
-    if (stage_takes(st, FORWARD))
-        fprintf(f, "  --load DIR         read q.npy k.npy v.npy ([B, H, N, d], float32 or float16) from DIR;\n"
-                   "                     the shape is theirs (shape flags, if given, must agree)\n"
-                   "  --save DIR         write q.npy k.npy v.npy o.npy lse.npy (float32) into DIR\n");
+    fprintf(f, "  --load DIR         read q.npy k.npy v.npy%s ([B, H, N, d], float32 or float16) from DIR;\n"
+               "                     the shape is theirs (shape flags, if given, must agree)\n"
+               "  --save DIR         write q.npy k.npy v.npy o.npy lse.npy%s (float32) into DIR\n",
+            st->measures_backward ? " and do.npy if there" : "", st->measures_backward ? " do.npy dq.npy dk.npy dv.npy" : "");
     fprintf(f,
             "  --help             this text\n"
             "exit codes: 0 checked and passed, 1 check failed, 2 bad usage or unsupported shape,\n"

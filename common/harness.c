@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -129,7 +130,8 @@ int check_forward(const struct stage *st, const struct shape *sh, enum dtype dt,
 /* ---- the backward ---- */
 
 int check_backward(const struct shape *sh, enum dtype dt, const float *Q, const float *K, const float *V,
-                   const float *dO, const float *dQ, const float *dK, const float *dV, double *max_err, FILE *log)
+                   const float *dO, const float *dQ, const float *dK, const float *dV, double *max_err, FILE *log,
+                   char *what, size_t what_n)
 {
     const size_t n = shape_elems(sh);
     const double qmax = max_abs(Q, n), kmax = max_abs(K, n), dov = max_abs(dO, n) * max_abs(V, n);
@@ -142,6 +144,7 @@ int check_backward(const struct shape *sh, enum dtype dt, const float *Q, const 
         /* every element, against stage 1's forward and backward in fp32 (stage 1's backward is
          * itself checked against the fp64 oracle and finite differences in the tests) */
         ref = "stage1";
+        if (what) snprintf(what, what_n, "every element vs stage1");
         float *O1 = xmalloc(n * sizeof(float)), *L1 = xmalloc(shape_rows(sh) * sizeof(float));
         float *g1[3] = {xmalloc(n * sizeof(float)), xmalloc(n * sizeof(float)), xmalloc(n * sizeof(float))};
         char why[256];
@@ -161,12 +164,19 @@ int check_backward(const struct shape *sh, enum dtype dt, const float *Q, const 
         }
         free(want), free(O1), free(L1);
     } else {
-        /* the first and the last head, whole, against the fp64 oracle */
-        ref = "fp64 oracle, first and last head";
+        /* the first and the last head, whole, against the fp64 oracle, and a head from the middle
+         * chosen afresh each run (the summary says which), so that a head-indexing bug between the
+         * two ends cannot pass every run */
+        ref = "fp64 oracle, first, last and one middle head";
         const size_t nd = (size_t)sh->N * sh->d;
         double *want[3] = {xmalloc(nd * sizeof(double)), xmalloc(nd * sizeof(double)), xmalloc(nd * sizeof(double))};
-        int heads[2] = {0, sh->B * sh->H - 1};
-        for (int e = 0; e < (heads[1] > 0 ? 2 : 1); e++) {
+        const int BH = sh->B * sh->H;
+        int heads[3] = {0, BH - 1, 0}, n_heads = BH > 1 ? 2 : 1;
+        if (BH > 2) {
+            unsigned seed = (unsigned)time(NULL) ^ ((unsigned)getpid() << 16);
+            heads[n_heads++] = 1 + (int)(rand_r(&seed) % (unsigned)(BH - 2));
+        }
+        for (int e = 0; e < n_heads; e++) {
             const int b = heads[e] / sh->H, h = heads[e] % sh->H;
             oracle_backward_head(sh, Q, K, V, dO, b, h, want[0], want[1], want[2]);
             for (int t = 0; t < 3; t++) {
@@ -177,6 +187,12 @@ int check_backward(const struct shape *sh, enum dtype dt, const float *Q, const 
                 if (e == 0) c[t] = one;
                 else cmp_merge(&c[t], &one);
             }
+        }
+        if (what) {
+            int k = snprintf(what, what_n, "fp64 oracle on heads");
+            for (int e = 0; e < n_heads && k > 0 && (size_t)k < what_n; e++)
+                k += snprintf(what + k, what_n - k, "%s %d", e ? "," : "", heads[e]);
+            if (k > 0 && (size_t)k < what_n) snprintf(what + k, what_n - k, " of %d", BH);
         }
         for (int t = 0; t < 3; t++) free(want[t]);
     }
@@ -193,20 +209,29 @@ int check_backward(const struct shape *sh, enum dtype dt, const float *Q, const 
     return pass;
 }
 
-/* A stage that measures its backward: inputs and a seeded dO, its forward and backward on the
- * device (gpu_run_backward times the backward), the check of dQ, dK, dV, the report. */
+static int save_outputs(const char *dir, const struct shape *sh, const char *const *names, const float *const *src,
+                        int count);
+
+/* A stage that measures its backward: inputs and dO (loaded, or a fourth seeded stream), its
+ * forward and backward on the device (gpu_run_backward times the backward), the check of dQ,
+ * dK, dV, the report, and with --save the tensors for NumPy / PyTorch. */
 static int backward_main(const struct stage *st, const struct opts *o, const float *Q, const float *K,
-                         const float *V)
+                         const float *V, float *dO)
 {
-    size_t n = shape_elems(&o->sh);
-    float *dO = xmalloc(n * sizeof(float)), *g[3];
+    size_t n = shape_elems(&o->sh), rows = shape_rows(&o->sh);
+    float *g[3];
     for (int t = 0; t < 3; t++) g[t] = xmalloc(n * sizeof(float));
-    fill_uniform(dO, n, o->seed * 3 + 3, 1.0f, o->dtype); /* a fourth seeded stream beside Q, K, V */
+    if (!dO) {
+        dO = xmalloc(n * sizeof(float));
+        fill_uniform(dO, n, o->seed * 3 + 3, 1.0f, o->dtype); /* a fourth seeded stream beside Q, K, V */
+    }
+    float *O = o->save_dir ? xmalloc(n * sizeof(float)) : NULL, *L = o->save_dir ? xmalloc(rows * sizeof(float)) : NULL;
     struct result r = {.st = st, .sh = o->sh, .dtype = o->dtype, .direction = "bwd", .max_err = -1, .check = "skip"};
-    int rc = gpu_run_backward(st, o, Q, K, V, dO, g[0], g[1], g[2], &r);
+    int rc = gpu_run_backward(st, o, Q, K, V, dO, g[0], g[1], g[2], O, L, &r);
     int pass = 1;
     if (!rc && o->check) {
-        pass = check_backward(&o->sh, o->dtype, Q, K, V, dO, g[0], g[1], g[2], &r.max_err, stderr);
+        pass = check_backward(&o->sh, o->dtype, Q, K, V, dO, g[0], g[1], g[2], &r.max_err, stderr, r.checked,
+                              sizeof r.checked);
         r.check = pass ? "pass" : "fail";
     }
     if (!rc) {
@@ -217,7 +242,12 @@ static int backward_main(const struct stage *st, const struct opts *o, const flo
             print_summary(stdout, &r);
         }
     }
-    free(dO);
+    if (!rc && o->save_dir) {
+        static const char *const names[9] = {"q.npy", "k.npy", "v.npy", "o.npy", "lse.npy", "do.npy", "dq.npy", "dk.npy", "dv.npy"};
+        const float *src[9] = {Q, K, V, O, L, dO, g[0], g[1], g[2]};
+        if (save_outputs(o->save_dir, &o->sh, names, src, 9)) rc = EXIT_USAGE;
+    }
+    free(dO), free(O), free(L);
     for (int t = 0; t < 3; t++) free(g[t]);
     return rc ? rc : pass ? EXIT_PASS : EXIT_CHECK_FAILED;
 }
@@ -225,14 +255,21 @@ static int backward_main(const struct stage *st, const struct opts *o, const flo
 /* --load DIR: q.npy, k.npy and v.npy of one shape, which then replaces the command line's (a
  * shape flag that was given must agree). Every value must be finite. */
 static int load_inputs(const struct stage *st, const struct opts *o, struct shape *sh, float **Q, float **K,
-                       float **V)
+                       float **V, float **dO)
 {
-    const char *names[3] = {"q.npy", "k.npy", "v.npy"};
-    float **dst[3] = {Q, K, V};
-    int dims[3][4];
+    const char *names[4] = {"q.npy", "k.npy", "v.npy", "do.npy"};
+    float **dst[4] = {Q, K, V, dO};
+    int dims[4][4];
     char path[4096], why[512];
     int rc = 0;
-    for (int t = 0; t < 3 && !rc; t++) {
+    /* a backward also reads do.npy, the gradient of the loss with respect to O, when it is there */
+    int count = 3;
+    if (dO) {
+        *dO = NULL;
+        snprintf(path, sizeof path, "%s/do.npy", o->load_dir);
+        if (access(path, F_OK) == 0) count = 4;
+    }
+    for (int t = 0; t < count && !rc; t++) {
         snprintf(path, sizeof path, "%s/%s", o->load_dir, names[t]);
         *dst[t] = npy_read4(path, dims[t], why, sizeof why);
         if (!*dst[t]) {
@@ -267,6 +304,7 @@ static int load_inputs(const struct stage *st, const struct opts *o, struct shap
     if (rc) {
         free(*Q), free(*K), free(*V);
         *Q = *K = *V = NULL;
+        if (dO) free(*dO), *dO = NULL;
         return rc;
     }
     sh->B = dims[0][0], sh->H = dims[0][1], sh->N = dims[0][2], sh->d = dims[0][3];
@@ -332,20 +370,19 @@ static void warn_if_long(const struct stage *st, const struct opts *o)
             full_flops / 1e9, gflops, small.N);
 }
 
-static int save_outputs(const char *dir, const struct shape *sh, const float *Q, const float *K, const float *V,
-                        const float *O, const float *L)
+/* --save DIR: each tensor as a float32 .npy, [B, H, N, d] (lse.npy [B, H, N]). */
+static int save_outputs(const char *dir, const struct shape *sh, const char *const *names, const float *const *src,
+                        int count)
 {
     if (mkdir(dir, 0777) && errno != EEXIST) {
         fprintf(stderr, "--save: cannot create %s\n", dir);
         return 1;
     }
     int dims[4] = {sh->B, sh->H, sh->N, sh->d};
-    const char *names[5] = {"q.npy", "k.npy", "v.npy", "o.npy", "lse.npy"};
-    const float *src[5] = {Q, K, V, O, L};
     char path[4096];
-    for (int t = 0; t < 5; t++) {
+    for (int t = 0; t < count; t++) {
         snprintf(path, sizeof path, "%s/%s", dir, names[t]);
-        if (npy_write_f32(path, src[t], dims, t == 4 ? 3 : 4)) {
+        if (npy_write_f32(path, src[t], dims, strcmp(names[t], "lse.npy") ? 4 : 3)) {
             fprintf(stderr, "--save: cannot write %s\n", path);
             return 1;
         }
@@ -400,8 +437,8 @@ int harness_main(const struct stage *st, int argc, char **argv)
     struct opts o;
     int done, rc = parse_opts(st, argc, argv, &o, &done);
     if (rc || done) return rc;
-    float *Q = NULL, *K = NULL, *V = NULL;
-    if (o.load_dir && (rc = load_inputs(st, &o, &o.sh, &Q, &K, &V))) return rc;
+    float *Q = NULL, *K = NULL, *V = NULL, *dO = NULL;
+    if (o.load_dir && (rc = load_inputs(st, &o, &o.sh, &Q, &K, &V, st->measures_backward ? &dO : NULL))) return rc;
     char why[512];
     rc = 0;
     if (!stage_supports(st, &o.sh, o.dtype, why, sizeof why)) {
@@ -417,13 +454,14 @@ int harness_main(const struct stage *st, int argc, char **argv)
         rc = EXIT_NO_DEVICE;
     }
     if (rc) {
-        free(Q), free(K), free(V);
+        free(Q), free(K), free(V), free(dO);
         return rc;
     }
     size_t n = shape_elems(&o.sh), rows = shape_rows(&o.sh);
     if (o.load_dir) { /* the stage computes in its dtype: round what was loaded to it */
-        float *t[3] = {Q, K, V};
-        for (int j = 0; j < 3; j++) fill_rounded(t[j], n, o.dtype);
+        float *t[4] = {Q, K, V, dO};
+        for (int j = 0; j < 4; j++)
+            if (t[j]) fill_rounded(t[j], n, o.dtype);
     } else {
         Q = xmalloc(n * sizeof(float)), K = xmalloc(n * sizeof(float)), V = xmalloc(n * sizeof(float));
         make_inputs(&o.sh, o.seed, o.input_scale, o.dtype, Q, K, V);
@@ -432,8 +470,9 @@ int harness_main(const struct stage *st, int argc, char **argv)
         if (!gpu_run_backward) {
             fprintf(stderr, "%s: this program was built without CUDA\n", st->name);
             rc = EXIT_NO_DEVICE;
+            free(dO);
         } else {
-            rc = backward_main(st, &o, Q, K, V);
+            rc = backward_main(st, &o, Q, K, V, dO); /* it frees dO */
         }
         free(Q), free(K), free(V);
         return rc;
@@ -462,7 +501,11 @@ int harness_main(const struct stage *st, int argc, char **argv)
         print_summary(stdout, &r);
         if (r.counted) print_counters(stdout, &r);
     }
-    if (o.save_dir && save_outputs(o.save_dir, &o.sh, Q, K, V, O, L)) rc = EXIT_USAGE;
+    if (o.save_dir) {
+        static const char *const names[5] = {"q.npy", "k.npy", "v.npy", "o.npy", "lse.npy"};
+        const float *src[5] = {Q, K, V, O, L};
+        if (save_outputs(o.save_dir, &o.sh, names, src, 5)) rc = EXIT_USAGE;
+    }
     free(Q), free(K), free(V), free(O), free(L);
     return rc ? rc : pass ? EXIT_PASS : EXIT_CHECK_FAILED;
 }

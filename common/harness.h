@@ -117,6 +117,7 @@ struct result {
     double ms_median, ms_min;
     double max_err;           /* vs the reference; negative when not checked */
     const char *check;        /* "pass", "fail" or "skip" */
+    char checked[96];         /* what the check compared, where the summary says so (backward) */
     size_t extra_bytes;       /* peak scratch the stage used beyond its inputs and outputs */
     int threads;              /* CPU stages: OpenMP threads */
     int counted;              /* --counters: counts[] holds what the kernel counted */
@@ -147,11 +148,13 @@ int check_forward(const struct stage *st, const struct shape *sh, enum dtype dt,
                   const float *K, const float *V, const float *O, const float *L, double *max_err,
                   FILE *log);
 /* Check dQ, dK, dV of a backward: against stage 1's backward (on stage 1's own forward) on the
- * whole output when the problem is small, else against the fp64 oracle on two whole heads.
- * Prints a FAIL line per gradient when it fails; returns 1 when all pass, *max_err the largest. */
+ * whole output when the problem is small, else against the fp64 oracle on three whole heads: the
+ * first, the last and one from the middle chosen afresh each run. Prints a FAIL line per gradient
+ * when it fails; returns 1 when all pass, *max_err the largest. `what` (may be NULL) gets what was
+ * compared, for the summary ("fp64 oracle on heads 0, 63, 17 of 64"). */
 int check_backward(const struct shape *sh, enum dtype dt, const float *Q, const float *K, const float *V,
                    const float *dO, const float *dQ, const float *dK, const float *dV, double *max_err,
-                   FILE *log);
+                   FILE *log, char *what, size_t what_n);
 int harness_main(const struct stage *st, int argc, char **argv);
 
 /* The GPU half, in common/cuda/runner.cu. Weak here so that CPU-only binaries link without it. */
@@ -162,13 +165,14 @@ int gpu_forward_host(const struct stage *st, const struct shape *sh, enum dtype 
                      const float *Q, const float *K, const float *V, float *O, float *L,
                      unsigned long long *counts, char *why, size_t n) __attribute__((weak));
 /* A backward stage on the device: its forward once (O, L), then its backward; `deterministic` as
- * --deterministic. gpu_run_backward also warms up and times the backward into `r`. */
+ * --deterministic. gpu_run_backward also warms up and times the backward into `r`, and brings the
+ * forward's O and L back too where O and L are not NULL (--save). */
 int gpu_backward_host(const struct stage *st, const struct shape *sh, enum dtype dt, int deterministic,
                       const float *Q, const float *K, const float *V, const float *dO, float *dQ, float *dK,
                       float *dV, char *why, size_t n) __attribute__((weak));
 int gpu_run_backward(const struct stage *st, const struct opts *o, const float *Q, const float *K,
-                     const float *V, const float *dO, float *dQ, float *dK, float *dV, struct result *r)
-    __attribute__((weak));
+                     const float *V, const float *dO, float *dQ, float *dK, float *dV, float *O, float *L,
+                     struct result *r) __attribute__((weak));
 /* 0 when a usable CUDA device (sm_80 or newer) is present; else a reason in `why`. */
 int gpu_available(char *why, size_t n) __attribute__((weak));
 

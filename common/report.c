@@ -29,10 +29,10 @@ void print_summary(FILE *f, const struct result *r)
     human_bytes(extra, sizeof extra, r->extra_bytes);
     if (r->max_err >= 0) snprintf(err, sizeof err, " max_err %.2e", r->max_err);
     else err[0] = 0;
-    fprintf(f, "%-7s B=%d H=%d N=%d d=%d %s  %s %s | check %s%s | %.3f ms (min %.3f) | ",
+    fprintf(f, "%-7s B=%d H=%d N=%d d=%d %s  %s %s | check %s%s%s%s%s | %.3f ms (min %.3f) | ",
             r->st->name, r->sh.B, r->sh.H, r->sh.N, r->sh.d, r->sh.causal ? "causal" : "full",
             dtype_name(r->dtype), r->direction, r->check[0] == 'p' ? "PASS" : r->check[0] == 'f' ? "FAIL" : "skipped",
-            err, r->ms_median, r->ms_min);
+            err, r->checked[0] ? " (" : "", r->checked, r->checked[0] ? ")" : "", r->ms_median, r->ms_min);
     if (r->st->device == ON_GPU)
         fprintf(f, "%.1f TFLOP/s | extra %s | %s\n", tflops(r), extra, r->device_name);
     else

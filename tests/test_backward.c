@@ -67,7 +67,7 @@ ParameterizedTest(struct test_bwd_case *c, backward, vs_reference)
     int rc = gpu_backward_host(st, sh, c->tc.dtype, c->deterministic, Q, K, V, dO, g[0], g[1], g[2], why, sizeof why);
     cr_assert(rc == 0, "%s%s: the backward failed (code %d): %s", label, c->deterministic ? " deterministic" : "", rc, why);
     double err;
-    cr_assert(check_backward(sh, c->tc.dtype, Q, K, V, dO, g[0], g[1], g[2], &err, stderr),
+    cr_assert(check_backward(sh, c->tc.dtype, Q, K, V, dO, g[0], g[1], g[2], &err, stderr, NULL, 0),
               "%s%s: dQ, dK or dV fails the check (the FAIL lines above name the worst element)", label,
               c->deterministic ? " deterministic" : "");
     free(Q), free(K), free(V), free(dO);

@@ -111,7 +111,7 @@ static int test_run_check_backward(const struct shape *sh, int mutation, char **
     FILE *log = open_memstream(log_text, &log_len);
     cr_assert(log != NULL, "open_memstream failed");
     double max_err;
-    int pass = check_backward(sh, DT_F16, Q, K, V, dO, g[0], g[1], g[2], &max_err, log);
+    int pass = check_backward(sh, DT_F16, Q, K, V, dO, g[0], g[1], g[2], &max_err, log, NULL, 0);
     fclose(log);
     free(Q), free(K), free(V), free(dO), free(O), free(L);
     for (int t = 0; t < 3; t++) free(g[t]);

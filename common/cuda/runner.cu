@@ -260,9 +260,11 @@ static void bwd_free(struct gpu_bwd_problem *g)
 /* The stage's forward once (O and L for the backward), then the backward on poisoned gradients,
  * and the gradients back to the host. */
 static int bwd_checked_run(const struct stage *st, struct gpu_bwd_problem *g, float *dQ, float *dK, float *dV,
-                           char *why, size_t n)
+                           float *O, float *L, char *why, size_t n)
 {
     if (int rc = st->forward(&g->f.args, why, n)) return stage_failed(st, rc, why, n);
+    if (O) download(O, &g->f.O, shape_elems(&g->f.args.sh), g->f.args.dtype);
+    if (L) download(L, &g->f.L, shape_rows(&g->f.args.sh), DT_F32);
     struct dbuf *grads[3] = {&g->dQ, &g->dK, &g->dV};
     for (struct dbuf *b : grads) CUDA_CHECK(cudaMemset(b->p, 0xff, b->bytes));
     if (int rc = st->backward(&g->f.args, why, n)) return stage_failed(st, rc, why, n);
@@ -281,13 +283,14 @@ extern "C" int gpu_backward_host(const struct stage *st, const struct shape *sh,
     if (gpu_available(why, n)) return EXIT_NO_DEVICE;
     struct gpu_bwd_problem g;
     bwd_init(&g, st, sh, dt, deterministic, Q, K, V, dO);
-    int rc = bwd_checked_run(st, &g, dQ, dK, dV, why, n);
+    int rc = bwd_checked_run(st, &g, dQ, dK, dV, NULL, NULL, why, n);
     bwd_free(&g);
     return rc;
 }
 
 extern "C" int gpu_run_backward(const struct stage *st, const struct opts *o, const float *Q, const float *K,
-                                const float *V, const float *dO, float *dQ, float *dK, float *dV, struct result *r)
+                                const float *V, const float *dO, float *dQ, float *dK, float *dV, float *O, float *L,
+                                struct result *r)
 {
     char why[512];
     struct gpu_info info = gpu_query();
@@ -296,7 +299,7 @@ extern "C" int gpu_run_backward(const struct stage *st, const struct opts *o, co
     struct gpu_bwd_problem g;
     bwd_init(&g, st, &o->sh, o->dtype, o->deterministic, Q, K, V, dO);
     r->extra_bytes = g.f.work.bytes;
-    int rc = bwd_checked_run(st, &g, dQ, dK, dV, why, sizeof why); /* also the first warm-up */
+    int rc = bwd_checked_run(st, &g, dQ, dK, dV, O, L, why, sizeof why); /* also the first warm-up */
     if (rc) {
         fprintf(stderr, "%s\n", why);
         bwd_free(&g);
