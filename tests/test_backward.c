@@ -3,8 +3,9 @@
  * backward::vs_reference  dQ, dK, dV over a grid of N (tails, N = 1), d, causal, fp16 and bf16,
  *                         with and without --deterministic: check_backward's rule (common/check.c,
  *                         tol_grad) against stage 1's backward or, for the larger shapes, the fp64
- *                         oracle on two whole heads.
- * backward::deterministic two runs with --deterministic give dQ, dK, dV with identical bits.
+ *                         oracle on three whole heads (first, last, one from the middle); B = 2,
+ *                         H = 3, and also B = H = 1 and B·H = 192 (fp16).
+ * backward::deterministic two runs with --deterministic give dQ, dK, dV with identical bits (every d).
  * Cases skip with a one-line reason where there is no CUDA device.
  */
 #include "common_test.h"
@@ -12,7 +13,7 @@
 #include <string.h>
 
 static const int test_bwd_grid_N[] = {1, 2, 17, 64, 100, 257, 1000};
-static const int test_bwd_grid_d[] = {64, 128};
+static const int test_bwd_grid_d[] = {32, 64, 128, 256}; /* those a stage does not take are left out */
 static const enum dtype test_bwd_dtypes[] = {DT_F16, DT_BF16};
 
 /* One backward case: test_case plus --deterministic. */
@@ -32,13 +33,27 @@ static void test_bwd_inputs(const struct shape *sh, enum dtype dt, float **Q, fl
 
 ParameterizedTestParameters(backward, vs_reference)
 {
-    size_t max = (size_t)n_all_stages * TEST_COUNT(test_bwd_dtypes) * TEST_COUNT(test_bwd_grid_N) *
+    size_t max = (size_t)n_all_stages * (TEST_COUNT(test_bwd_dtypes) * TEST_COUNT(test_bwd_grid_N) + 3) *
                  TEST_COUNT(test_bwd_grid_d) * 2 * 2;
     struct test_bwd_case *p = cr_malloc(max * sizeof *p);
     size_t count = 0;
     char why[256];
+    /* beside the grid (B = 2, H = 3): one head, and many heads of a short sequence */
+    static const int one_head_N[] = {1, 129};
     for (int s = 0; s < n_all_stages; s++) {
         if (!all_stages[s]->measures_backward) continue;
+        for (size_t di = 0; di < TEST_COUNT(test_bwd_grid_d); di++)
+            for (int causal = 0; causal <= 1; causal++)
+                for (int det = 0; det <= 1; det++) {
+                    struct shape shapes[3] = {test_shape(1, 1, one_head_N[0], test_bwd_grid_d[di], causal),
+                                              test_shape(1, 1, one_head_N[1], test_bwd_grid_d[di], causal),
+                                              test_shape(8, 24, 65, test_bwd_grid_d[di], causal)};
+                    for (int k = 0; k < 3; k++) {
+                        if (!stage_supports(all_stages[s], &shapes[k], DT_F16, why, sizeof why)) continue;
+                        p[count++] = (struct test_bwd_case){
+                            .tc = {.stage = s, .sh = shapes[k], .dtype = DT_F16, .amplitude = 1.0f}, .deterministic = det};
+                    }
+                }
         for (size_t t = 0; t < TEST_COUNT(test_bwd_dtypes); t++)
             for (size_t ni = 0; ni < TEST_COUNT(test_bwd_grid_N); ni++)
                 for (size_t di = 0; di < TEST_COUNT(test_bwd_grid_d); di++)
@@ -80,8 +95,11 @@ Test(backward, deterministic)
     for (int s = 0; s < n_all_stages; s++) {
         const struct stage *st = all_stages[s];
         if (!st->measures_backward) continue;
+        for (size_t di = 0; di < TEST_COUNT(test_bwd_grid_d); di++)
         for (int causal = 0; causal <= 1; causal++) {
-            struct shape sh = test_shape(2, 3, 1000, 64, causal);
+            struct shape sh = test_shape(2, 3, 1000, test_bwd_grid_d[di], causal);
+            char why0[256];
+            if (!stage_supports(st, &sh, DT_F16, why0, sizeof why0)) continue;
             size_t n = shape_elems(&sh);
             float *Q, *K, *V, *dO, *g[2][3];
             test_bwd_inputs(&sh, DT_F16, &Q, &K, &V, &dO);
@@ -94,7 +112,8 @@ Test(backward, deterministic)
             static const char *names[3] = {"dQ", "dK", "dV"};
             for (int t = 0; t < 3; t++)
                 cr_assert(!memcmp(g[0][t], g[1][t], n * sizeof(float)),
-                          "%s causal=%d: two --deterministic runs gave different bits in %s", st->name, causal, names[t]);
+                          "%s d=%d causal=%d: two --deterministic runs gave different bits in %s", st->name, sh.d, causal,
+                          names[t]);
             free(Q), free(K), free(V), free(dO);
             for (int run = 0; run < 2; run++)
                 for (int t = 0; t < 3; t++) free(g[run][t]);
