@@ -4,7 +4,12 @@
 
 # ---- the stages: NN_slug, the file is stages/NN_slug.c (CPU) or .cu (GPU) ----
 CPU_STAGES := 01_naive 02_tiled_cpu 03_online_softmax
-GPU_STAGES := 04_fa1 05_delayed_rescaling 06_loop_swap 07_warp_partition 08_seq_parallel 09_pipelined 10_backward
+# The Hopper stages (wgmma, TMA, setmaxnreg) are compiled for sm_90a alone, which runs on compute
+# capability 9.0 only (H100, H200): elsewhere they exit 3 and their tests skip. Otherwise they are
+# GPU stages like the others.
+HOPPER_STAGES :=
+GPU_STAGES := 04_fa1 05_delayed_rescaling 06_loop_swap 07_warp_partition 08_seq_parallel 09_pipelined 10_backward \
+              $(HOPPER_STAGES)
 
 MAKEFLAGS += --no-builtin-rules
 .SUFFIXES:
@@ -27,9 +32,10 @@ NVDEBUG := -g
 NVLDFLAGS := -Xcompiler=-fsanitize=address -Xcompiler=-fsanitize=undefined
 endif
 ALL_CFLAGS := -std=gnu11 -fopenmp -I. -MMD -MP $(CFLAGS)
-NVCCFLAGS := -std=c++17 -O3 -lineinfo $(NVDEBUG) -I. -MMD -MP \
-             $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) -Xcompiler -Wall,-Wextra
-NVLINK := $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) -Xcompiler -fopenmp
+NVCCFLAGS := -std=c++17 -O3 -lineinfo $(NVDEBUG) -I. -MMD -MP -Xcompiler -Wall,-Wextra
+NVCC_ARCH := $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a))
+HOPPER_ARCH := -gencode arch=compute_90a,code=sm_90a
+NVLINK := $(NVCC_ARCH) -Xcompiler -fopenmp
 
 Q := $(if $(filter 1,$(V)),,@)
 num = $(patsubst 0%,%,$(firstword $(subst _, ,$(1))))
@@ -44,6 +50,8 @@ REF_OBJ := $(BUILD)/stages/01_naive.o   # stage 1 is every stage's reference, li
 LINK_WITH_stage10 := $(BUILD)/stages/09_pipelined.o   # stage 10's forward is stage 9's
 TEST_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/*.c)) $(BUILD)/registry.o
 TEST_CUDA_OBJS := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard tests/*.cu))   # GPU-side tests, with nvcc only
+# compiled for sm_90a alone: the Hopper stages and the tests of their helpers (common/cuda/wgmma.cuh)
+HOPPER_OBJS := $(foreach s,$(HOPPER_STAGES),$(BUILD)/stages/$(s).o) $(BUILD)/tests/test_wgmma.o
 
 # stages the build can make here: GPU stages only where nvcc is installed
 ifneq ($(HAVE_NVCC),)
@@ -75,7 +83,8 @@ $(BUILD)/common/report.o: ALL_CFLAGS += -I$(BUILD)
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  NVCC  $<")
-	$(Q)$(NVCC) $(NVCCFLAGS) -c $< -o $@
+	$(Q)$(NVCC) $(NVCCFLAGS) $(NVCC_ARCH) -c $< -o $@
+$(HOPPER_OBJS): NVCC_ARCH := $(HOPPER_ARCH)
 
 $(BUILD)/main_stage%.o: common/main.c
 	@mkdir -p $(dir $@)
@@ -181,9 +190,11 @@ plots:
 
 # ---- reading a stage: what changed from the one before ----
 # (-b: a block that only moved in or out by a level of indentation reads as unchanged)
+# A stage that builds on an earlier one than N-1 names it (DIFF_BASE_N := M).
 diff%:
 	@n=$*; case "$$n" in ''|*[!0-9]*) echo "make diff$$n: say which stage, as a number: make diff5" >&2; exit 2;; esac; \
-	n=$$(expr $$n + 0); prev=$$(printf '%02d' $$((n - 1))); cur=$$(printf '%02d' $$n); \
+	n=$$(expr $$n + 0); base='$(DIFF_BASE_$(patsubst 0%,%,$*))'; \
+	prev=$$(printf '%02d' $${base:-$$((n - 1))}); cur=$$(printf '%02d' $$n); \
 	a=$$(ls stages/$${prev}_* 2>/dev/null | head -n1); b=$$(ls stages/$${cur}_* 2>/dev/null | head -n1); \
 	if [ -z "$$a" ] || [ -z "$$b" ]; then echo "make diff$$n: needs stages/$${prev}_* and stages/$${cur}_*" >&2; exit 2; fi; \
 	diff -u -b "$$a" "$$b"; test $$? -le 1

@@ -83,6 +83,10 @@ struct stage {
     /* 1: the stage's program measures its backward (after one forward for O and L): the check is on
      * dQ, dK, dV, and the summary and CSV rows are the backward's (direction "bwd"). */
     int measures_backward;
+    /* GPU stages built for one architecture only: its compute capability, 10 * major + minor (90:
+     * the Hopper stages, compiled for sm_90a, whose wgmma runs on compute capability 9.0 alone);
+     * elsewhere the stage exits 3 and its tests skip. 0: any GPU the build targets (sm_80 on). */
+    int arch_sm;
 };
 
 /* FLOPs as the FA2 paper counts them: 4*B*H*N^2*d for the forward, halved when causal;

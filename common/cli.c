@@ -103,8 +103,11 @@ static void usage(const struct stage *st, const struct opts *def, FILE *f)
                "                     the shape is theirs (shape flags, if given, must agree)\n"
                "  --save DIR         write q.npy k.npy v.npy o.npy lse.npy%s (float32) into DIR\n",
             st->measures_backward ? " and do.npy if there" : "", st->measures_backward ? " do.npy dq.npy dk.npy dv.npy" : "");
+    fprintf(f, "  --help             this text\n");
+    if (st->arch_sm)
+        fprintf(f, "runs on GPUs of compute capability %d.%d only (built for sm_%da); elsewhere it exits 3\n",
+                st->arch_sm / 10, st->arch_sm % 10, st->arch_sm);
     fprintf(f,
-            "  --help             this text\n"
             "exit codes: 0 checked and passed, 1 check failed, 2 bad usage or unsupported shape,\n"
             "            3 no usable GPU for this stage, 4 a CUDA error at run time\n"
             "example: ./%s --batch 2 --heads 8 --seqlen %d --dim %d --causal\n",

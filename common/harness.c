@@ -452,6 +452,9 @@ int harness_main(const struct stage *st, int argc, char **argv)
     } else if (st->device == ON_GPU && gpu_available(why, sizeof why)) {
         fprintf(stderr, "%s: %s\n", st->name, why);
         rc = EXIT_NO_DEVICE;
+    } else if (st->device == ON_GPU && gpu_arch_check(st->arch_sm, st->name, why, sizeof why)) {
+        fprintf(stderr, "%s\n", why); /* it names the stage */
+        rc = EXIT_NO_DEVICE;
     }
     if (rc) {
         free(Q), free(K), free(V), free(dO);

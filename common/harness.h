@@ -175,6 +175,10 @@ int gpu_run_backward(const struct stage *st, const struct opts *o, const float *
                      struct result *r) __attribute__((weak));
 /* 0 when a usable CUDA device (sm_80 or newer) is present; else a reason in `why`. */
 int gpu_available(char *why, size_t n) __attribute__((weak));
+/* After gpu_available: 0 when the device is of compute capability arch_sm (10 * major + minor), or
+ * arch_sm is 0 (any); else one line in `why` naming `who`, what it needs and what this device is
+ * ("stage11 needs a Hopper GPU (H100/H200, sm_90); this is NVIDIA A100-SXM4-80GB, sm_80"). */
+int gpu_arch_check(int arch_sm, const char *who, char *why, size_t n) __attribute__((weak));
 
 /* Every stage the build knows about, in order (generated from the Makefile's list). */
 extern const struct stage *const all_stages[];

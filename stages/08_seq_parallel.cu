@@ -304,4 +304,5 @@ extern "C" const struct stage stage8_desc = {
     .openmp = 0,
     .hbm_traffic = hbm_bytes,
     .measures_backward = 0,
+    .arch_sm = 0,
 };

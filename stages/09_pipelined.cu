@@ -381,4 +381,5 @@ extern "C" const struct stage stage9_desc = {
     .openmp = 0,
     .hbm_traffic = hbm_bytes,
     .measures_backward = 0,
+    .arch_sm = 0,
 };

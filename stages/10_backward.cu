@@ -547,4 +547,5 @@ extern "C" const struct stage stage10_desc = {
     .openmp = 0,
     .hbm_traffic = NULL,
     .measures_backward = 1,
+    .arch_sm = 0,
 };

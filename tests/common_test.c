@@ -28,6 +28,13 @@ void test_require_gpu(void)
     if (gpu_available(why, sizeof why)) cr_skip_test("%s", why);
 }
 
+void test_require_gpu_arch(int arch_sm, const char *who)
+{
+    char why[256];
+    test_require_gpu();
+    if (gpu_arch_check(arch_sm, who, why, sizeof why)) cr_skip_test("%s", why);
+}
+
 const struct stage *test_find_stage(const char *name)
 {
     for (int s = 0; s < n_all_stages; s++)

@@ -32,6 +32,9 @@ uint64_t test_seed(const struct shape *sh);
 
 /* Skips the running test with a one-line reason unless a usable CUDA device is present. */
 void test_require_gpu(void);
+/* The same, and unless that device is of compute capability arch_sm (10 * major + minor; 0: any),
+ * `who` naming what needs it in the reason ("stage11", "the wgmma tests"). */
+void test_require_gpu_arch(int arch_sm, const char *who);
 
 /* The stage called `name` in all_stages[] (the test fails if there is none), and the number in
  * a stage's name ("stage4" -> 4). */

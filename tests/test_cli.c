@@ -386,6 +386,27 @@ Test(cli, gpu_stage_without_a_device_exits_3)
     }
 }
 
+/* A stage built for one architecture (the Hopper stages, sm_90a) on any other machine: exit 3 with
+ * one line, which names what it needs where there is a GPU of another kind. */
+Test(cli, arch_stage_elsewhere_exits_3)
+{
+    const struct stage *st = NULL;
+    for (int s = 0; s < n_all_stages && !st; s++)
+        if (all_stages[s]->arch_sm) st = all_stages[s];
+    if (!st) cr_skip_test("no stage in this build is built for one architecture only");
+    if (!gpu_available) cr_skip_test("built without CUDA: no GPU stage binary");
+    char bin[32], save[128], why[256];
+    const int no_device = gpu_available(why, sizeof why) != 0;
+    if (!no_device && !gpu_arch_check(st->arch_sm, st->name, why, sizeof why))
+        cr_skip_test("this GPU is the one %s is built for: it runs (stages::vs_stage1 checks it)", st->name);
+    snprintf(bin, sizeof bin, "./%s", st->name);
+    test_path(save, sizeof save, "save");
+    struct test_proc p;
+    test_spawn((char *[]){bin, "--seqlen", "64", "--batch", "1", "--heads", "2", "--save", save, NULL}, &p);
+    test_assert_one_line_failure(&p, EXIT_NO_DEVICE, bin, no_device ? NULL : "needs a");
+    cr_assert(access(save, F_OK) != 0, "%s wrote %s on a machine it cannot run on", bin, save);
+}
+
 /* The backward's --save and --load: stage 10 saves its inputs, dO and gradients; a second run
  * loads q, k, v and do from there and, with --deterministic on both sides (no atomics: the same
  * bits every run), saves the very same gradients. */

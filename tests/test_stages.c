@@ -6,7 +6,8 @@
  * stages::x50         inputs scaled x50 (scores of thousands): stage 1 against the oracle,
  *                     and every stage from stage 3 on (the online softmax) against stage 1.
  * stages::one_head    B = H = 1, one long sequence with a tail, and N = 1: every stage.
- * A GPU case skips with a one-line reason where there is no CUDA device.
+ * A GPU case skips with a one-line reason where there is no CUDA device, or where the stage is
+ * built for another architecture than the device's (the Hopper stages, sm_90a).
  */
 #include "common_test.h"
 #include <stdlib.h>
@@ -25,7 +26,7 @@ static void test_stage_vs_reference(const struct test_case *tc)
     const struct shape *sh = &tc->sh;
     char label[160], why[256];
     test_label(tc, label, sizeof label);
-    if (st->device == ON_GPU) test_require_gpu();
+    if (st->device == ON_GPU) test_require_gpu_arch(st->arch_sm, st->name);
 
     size_t n = shape_elems(sh), rows = shape_rows(sh);
     float *Q = test_floats(n), *K = test_floats(n), *V = test_floats(n);

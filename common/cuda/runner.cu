@@ -65,6 +65,23 @@ extern "C" int gpu_available(char *why, size_t n)
     return 0;
 }
 
+extern "C" int gpu_arch_check(int arch_sm, const char *who, char *why, size_t n)
+{
+    if (!arch_sm) return 0;
+    int dev = 0;
+    cudaDeviceProp p;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
+    const int sm = 10 * p.major + p.minor;
+    if (sm == arch_sm) return 0;
+    if (arch_sm == 90)
+        snprintf(why, n, "%s needs a Hopper GPU (H100/H200, sm_90); this is %s, sm_%d", who, p.name, sm);
+    else
+        snprintf(why, n, "%s needs a GPU of compute capability %d.%d (sm_%d); this is %s, sm_%d", who, arch_sm / 10,
+                 arch_sm % 10, arch_sm, p.name, sm);
+    return 1;
+}
+
 /* ---- one problem on the device ---- */
 
 /* Q, K, V converted to the stage's dtype on the host and copied over; O, L and the stage's
@@ -150,7 +167,7 @@ extern "C" int gpu_forward_host(const struct stage *st, const struct shape *sh, 
                                 const float *K, const float *V, float *O, float *L, unsigned long long *counts,
                                 char *why, size_t n)
 {
-    if (gpu_available(why, n)) return EXIT_NO_DEVICE;
+    if (gpu_available(why, n) || gpu_arch_check(st->arch_sm, st->name, why, n)) return EXIT_NO_DEVICE;
     struct gpu_problem g;
     problem_init(&g, st, sh, dt, Q, K, V);
     int rc = counts ? counted_run(st, &g, O, L, counts, why, n) : checked_run(st, &g, O, L, why, n);
@@ -280,7 +297,7 @@ extern "C" int gpu_backward_host(const struct stage *st, const struct shape *sh,
                                  const float *Q, const float *K, const float *V, const float *dO, float *dQ,
                                  float *dK, float *dV, char *why, size_t n)
 {
-    if (gpu_available(why, n)) return EXIT_NO_DEVICE;
+    if (gpu_available(why, n) || gpu_arch_check(st->arch_sm, st->name, why, n)) return EXIT_NO_DEVICE;
     struct gpu_bwd_problem g;
     bwd_init(&g, st, sh, dt, deterministic, Q, K, V, dO);
     int rc = bwd_checked_run(st, &g, dQ, dK, dV, NULL, NULL, why, n);
