@@ -7,7 +7,7 @@ CPU_STAGES := 01_naive 02_tiled_cpu 03_online_softmax
 # The Hopper stages (wgmma, TMA, setmaxnreg) are compiled for sm_90a alone, which runs on compute
 # capability 9.0 only (H100, H200): elsewhere they exit 3 and their tests skip. Otherwise they are
 # GPU stages like the others.
-HOPPER_STAGES :=
+HOPPER_STAGES := 11_wgmma
 GPU_STAGES := 04_fa1 05_delayed_rescaling 06_loop_swap 07_warp_partition 08_seq_parallel 09_pipelined 10_backward \
               $(HOPPER_STAGES)
 
@@ -157,6 +157,8 @@ SANITIZE_SHAPES_stage10 := "--seqlen 130 --dim 128 --dtype bf16 --deterministic"
                           "--seqlen 1000 --dim 64"
 SANITIZE_SHAPES_stage9 := "--seqlen 200 --dim 32 --dtype bf16 --causal" "--seqlen 130 --dim 256" \
                           "--seqlen 300 --dim 128 --dtype bf16"
+SANITIZE_SHAPES_stage11 := "--seqlen 200 --dim 64 --dtype bf16 --causal" "--seqlen 130 --dim 256" \
+                           "--seqlen 300 --dim 256 --dtype bf16 --causal" "--seqlen 300 --dim 128 --dtype bf16"
 sanitize: $(GPU_BINS)
 	@set -e; $(foreach b,$(GPU_BINS),for tool in memcheck racecheck synccheck; do \
 	  for s in $(SANITIZE_SHAPES) $(SANITIZE_SHAPES_$(b)); do \
@@ -190,7 +192,9 @@ plots:
 
 # ---- reading a stage: what changed from the one before ----
 # (-b: a block that only moved in or out by a level of indentation reads as unchanged)
-# A stage that builds on an earlier one than N-1 names it (DIFF_BASE_N := M).
+# A stage that builds on an earlier one than N-1 names it: stage 11 moves stage 9's forward to
+# wgmma (stage 10 is the backward), so make diff11 is stage 9 against stage 11.
+DIFF_BASE_11 := 9
 diff%:
 	@n=$*; case "$$n" in ''|*[!0-9]*) echo "make diff$$n: say which stage, as a number: make diff5" >&2; exit 2;; esac; \
 	n=$$(expr $$n + 0); base='$(DIFF_BASE_$(patsubst 0%,%,$*))'; \

@@ -281,6 +281,7 @@ Test(cli, help_lists_what_the_stage_takes)
         {"./stage8", {"fp16 (default", "head dim: 64 or 128", "--counters"}, {"bf16", "--deterministic", "fp32"}},
         {"./stage9", {"fp16 or bf16", "32, 64, 128 or 256", "--load"}, {"--deterministic", "fp32", NULL}},
         {"./stage10", {"fp16 or bf16", "--deterministic", "do.npy dq.npy"}, {"--counters", "--dtype T          fp32", NULL}},
+        {"./stage11", {"64, 128 or 256", "compute capability 9.0 only", "--counters"}, {"32, 64", "fp32", NULL}},
     };
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         if (access(cases[k].bin, X_OK) != 0) continue; /* a GPU stage without nvcc */
