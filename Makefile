@@ -154,7 +154,8 @@ SANITIZE_SHAPES = "--seqlen 1 --dim 64" "--seqlen 100 --dim 64 --causal $(SANITI
                   "--seqlen 130 --dim 128 --causal --batch 2 --heads 3"
 # stages that take more than the shapes above name their extra shapes here
 SANITIZE_SHAPES_stage10 := "--seqlen 130 --dim 128 --dtype bf16 --deterministic" "--seqlen 200 --dim 128 --dtype bf16 --causal" \
-                          "--seqlen 1000 --dim 64"
+                          "--seqlen 1000 --dim 64" "--seqlen 150 --dim 32 --causal" "--seqlen 77 --dim 256 --deterministic" \
+                          "--seqlen 200 --dim 256 --dtype bf16 --causal"
 SANITIZE_SHAPES_stage9 := "--seqlen 200 --dim 32 --dtype bf16 --causal" "--seqlen 130 --dim 256" \
                           "--seqlen 300 --dim 128 --dtype bf16"
 SANITIZE_SHAPES_stage11 := "--seqlen 200 --dim 64 --dtype bf16 --causal" "--seqlen 130 --dim 256" \

@@ -19,11 +19,13 @@
  *   dQ into HBM. P is recomputed from Q, K and L rather than stored: storing it is N^2 per head,
  *   the very memory FlashAttention exists to avoid.
  * The engineering is stage 9's (swizzled tiles and their ldmatrix fragments from
- *   common/cuda/swizzle.cuh, cp.async, exp2 with the scale folded in), plus: the next Q_i, dO_i,
+ *   common/cuda/swizzle.cuh, each lane's addresses computed once and stepped by constants,
+ *   cp.async, exp2 with the scale folded in, masks only where needed), plus: the next Q_i, dO_i,
  *   L_i, D_i are copied in while this one computes (double buffer); each step runs in three
  *   phases with a warp layout of its own, P^T and dS^T passing through shared memory (FA-2's
  *   arrangement: it makes each ldmatrix feed more mma); a block owns 128 keys so every dQ row gets
- *   half as many atomic adds as with 64; each add is a float2 (sm_90: one atomic for two columns).
+ *   half as many atomic adds as with 64 (64 keys at d = 256, where registers hold no more); each
+ *   add is a float2 (sm_90: one atomic for two columns).
  * Measured on H200: see notes/10_backward.md.
  * Run: ./stage10 --seqlen 4096 --dim 64 --causal  (add --deterministic for the atomic-free dQ)
  */
@@ -37,6 +39,7 @@
 #include <algorithm>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 
@@ -48,24 +51,37 @@ namespace {
  * step has three phases, and the warps split the work differently in each (FA-2's arrangement):
  *   A. S^T = K_j Q_i^T and dP^T = V_j dO_i^T, then P^T and dS^T: a warp takes KEYS_PER_WARP_A keys
  *      x QUERIES_PER_WARP_A queries;
- *   B. dV_j += P^T dO_i, dK_j += dS^T Q_i: a warp takes 32 keys x d/2 columns (its accumulators);
- *   C. dQ_i += dS K_j: a warp takes 32 queries x COLS_PER_WARP_C columns.
- * The tiles are FA-2's for the sm80 backward: Br = 64 queries at d = 128, 128 at d = 64, and
- * Bc = 128 keys at both. KEYS_PER_WARP_A and UNROLL_A are the choices measured fastest without
- * spilling (notes/10_backward.md). */
+ *   B. dV_j += P^T dO_i, dK_j += dS^T Q_i: a warp takes 32 keys x COLS_PER_WARP_B columns (its
+ *      accumulators), the Bc / 32 key groups each split the d columns among KV_WARPS / (Bc / 32)
+ *      warps;
+ *   C. dQ_i += dS K_j: a warp takes 32 queries x COLS_PER_WARP_C columns, the same way.
+ * The tiles are FA-2's for the sm80 backward: Bc = 128 keys and Br = 128 queries at d = 32 and 64,
+ * 64 at d = 128; Bc = Br = 64 at d = 256, where phase B's 32 keys x d/2 would be 256 fp32
+ * accumulators per thread: with 64 keys each warp owns 32 keys x d/4, the 128 registers of d = 128.
+ * KEYS_PER_WARP_A and UNROLL_A are the choices measured fastest without spilling at d = 64 and 128
+ * (notes/10_backward.md); d = 32 takes d = 64's, d = 256 FA-2's phase A split (32 keys x 16
+ * queries). Shared memory (kv_smem_layout below) comes to 114, 162, 161 and 209 KiB at d = 32, 64,
+ * 128, 256: d = 256 needs an H100 or H200 (227 KiB per block); on an A100 (163 KiB) launch refuses
+ * it with smem_optin's message. */
 constexpr int KV_WARPS = 8, KV_THREADS = KV_WARPS * WARP_SIZE;
 template <int HeadDim>
 struct kv_cfg;
-/* UNROLL_A: how many k16 steps of phase A's loop over the head dim are unrolled */
+/* UNROLL_A: how many k16 steps of phase A's loop over the head dim are unrolled (d = 32 has 2) */
+template <>
+struct kv_cfg<32> { static constexpr int Br = 128, Bc = 128, KEYS_PER_WARP_A = 64, UNROLL_A = 2; };
 template <>
 struct kv_cfg<64> { static constexpr int Br = 128, Bc = 128, KEYS_PER_WARP_A = 64, UNROLL_A = 4; };
 template <>
 struct kv_cfg<128> { static constexpr int Br = 64, Bc = 128, KEYS_PER_WARP_A = 32, UNROLL_A = 4; };
+template <>
+struct kv_cfg<256> { static constexpr int Br = 64, Bc = 64, KEYS_PER_WARP_A = 32, UNROLL_A = 4; };
 
 /* The dQ kernel (--deterministic): DQ_WARPS warps of 16 queries (a Q tile of Br), sweeping K/V in
- * tiles of Bc keys. */
+ * tiles of Bc keys. A warp holds dQ_i for its 16 rows (d/2 fp32 per thread) beside S and dP for
+ * Bc keys (Bc/4 each): at d = 256 that is 128 + 32 + 32 with Bc = 64, so Bc = 32 there. */
 constexpr int DQ_WARPS = 4, DQ_THREADS = DQ_WARPS * WARP_SIZE;
-struct dq_cfg { static constexpr int Br = DQ_WARPS * 16, Bc = 64; };
+template <int HeadDim>
+struct dq_cfg { static constexpr int Br = DQ_WARPS * 16, Bc = HeadDim > 128 ? 32 : 64; };
 
 /* Shared memory of the dK/dV kernel: K_j, V_j [Bc][HeadDim]; Q_i, dO_i [2][Br][HeadDim]
  * (double-buffered); P^T, dS^T [Bc][Br] (16-bit); L_i, D_i [2][Br]. Tiles are swizzled
@@ -86,7 +102,7 @@ struct kv_smem_layout {
 /* ... and of the dQ kernel: Q_i, dO_i [Br][HeadDim], K_j, V_j [Bc][HeadDim]. */
 template <int HeadDim>
 struct dq_smem_layout {
-    static constexpr int Br = dq_cfg::Br, Bc = dq_cfg::Bc;
+    static constexpr int Br = dq_cfg<HeadDim>::Br, Bc = dq_cfg<HeadDim>::Bc;
     static constexpr size_t Q_i = 0;
     static constexpr size_t dO_i = Q_i + 2 * (size_t)Br * HeadDim;
     static constexpr size_t K_j = dO_i + 2 * (size_t)Br * HeadDim;
@@ -156,7 +172,7 @@ stage10_preprocess_kernel(const T *__restrict__ O, const T *__restrict__ dO, con
  * registers (P^T and dS^T never left them), but then every Q or dO fragment a warp loads feeds only
  * two mma, and shared-memory reads were the limit (1.74 mma per ldmatrix.x4 at d = 128). Writing
  * P^T and dS^T to shared memory once lets each phase pick the warp layout that reuses its loads:
- * per step and warp, 144 ldmatrix.x4 feed 320 mma at either d (2.2). */
+ * per step and warp, 144 ldmatrix.x4 feed 320 mma at d = 64 and 128 (2.2). */
 template <typename T, int HeadDim>
 __global__ void __launch_bounds__(KV_THREADS)
 stage10_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__restrict__ V,
@@ -171,13 +187,27 @@ stage10_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *_
     constexpr int KEYS_PER_WARP_A = kv_cfg<HeadDim>::KEYS_PER_WARP_A;
     constexpr int QUERIES_PER_WARP_A = Bc * Br / (KV_WARPS * KEYS_PER_WARP_A);
     constexpr int KEY_TILES_A = KEYS_PER_WARP_A / 16, QUERY_TILES_A = QUERIES_PER_WARP_A / 8;
+    /* phase B: the Bc keys in KEY_GROUPS_B groups of 32; the KV_WARPS / KEY_GROUPS_B warps on one
+     * group split the d columns, COLS_PER_WARP_B each */
+    constexpr int KEY_GROUPS_B = Bc / 32, COLS_PER_WARP_B = HeadDim * KEY_GROUPS_B / KV_WARPS;
     /* phase C: the Br queries in QUERY_GROUPS_C groups of 32; the KV_WARPS / QUERY_GROUPS_C warps
      * on one group split the d columns, COLS_PER_WARP_C each */
-    constexpr int QUERY_GROUPS_C = Br / 32, COLS_PER_WARP_C = HeadDim * QUERY_GROUPS_C / 8;
-    static_assert(KV_WARPS == 8 && Bc == 128 && QUERIES_PER_WARP_A % 16 == 0 && KEYS_PER_WARP_A % 16 == 0 &&
-                      COLS_PER_WARP_C % 16 == 0,
-                  "each phase's warp layout covers the tiles exactly: A (Bc / KEYS_PER_WARP_A) x (Br / "
-                  "QUERIES_PER_WARP_A), B 4 x 2, C QUERY_GROUPS_C x (HeadDim / COLS_PER_WARP_C)");
+    constexpr int QUERY_GROUPS_C = Br / 32, COLS_PER_WARP_C = HeadDim * QUERY_GROUPS_C / KV_WARPS;
+    static_assert(KEYS_PER_WARP_A % 16 == 0 && QUERIES_PER_WARP_A % 16 == 0 &&
+                      (Bc / KEYS_PER_WARP_A) * (Br / QUERIES_PER_WARP_A) == KV_WARPS,
+                  "phase A's warps cover Bc x Br in whole 16 x 16 blocks: (Bc / KEYS_PER_WARP_A) x (Br / "
+                  "QUERIES_PER_WARP_A) warps");
+    static_assert(Bc % 32 == 0 && KV_WARPS % KEY_GROUPS_B == 0 && COLS_PER_WARP_B % 16 == 0 &&
+                      Br % 32 == 0 && KV_WARPS % QUERY_GROUPS_C == 0 && COLS_PER_WARP_C % 16 == 0,
+                  "phases B and C cover the tiles exactly: B (Bc / 32) x (HeadDim / COLS_PER_WARP_B) warps, "
+                  "C (Br / 32) x (HeadDim / COLS_PER_WARP_C), each column share whole k16 steps");
+    static_assert(2 * Br <= KV_THREADS, "one thread per L_i and per D_i element of a Q tile");
+    constexpr int UNROLL_A = kv_cfg<HeadDim>::UNROLL_A;
+    static_assert(HeadDim % (16 * UNROLL_A) == 0 && (HeadDim == 16 * UNROLL_A || (2 * UNROLL_A) % 8 == 0),
+                  "phase A's rolled loop advances by whole 128-byte lines of chunks (swizzle_step below)");
+    static_assert((COLS_PER_WARP_B & (COLS_PER_WARP_B - 1)) == 0 && (COLS_PER_WARP_C & (COLS_PER_WARP_C - 1)) == 0,
+                  "a warp's first column in phases B and C is a multiple of its power-of-two share, so the "
+                  "chunk steps within the share never carry into it (the swizzle_steps below)");
     extern __shared__ __align__(128) unsigned char smem[];
     /* the tiles hold T; ldmatrix only moves 16-bit patterns, so they are addressed as __half */
     __half *K_j = (__half *)(smem + Smem::K_j), *V_j = (__half *)(smem + Smem::V_j);
@@ -190,26 +220,55 @@ stage10_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *_
     const int j = blockIdx.x;                      /* this block's K/V tile */
     const size_t bh = blockIdx.y, head = bh * N * HeadDim;
     /* this warp's part in phase A (KEYS_PER_WARP_A keys x QUERIES_PER_WARP_A queries), B (32 keys x
-     * d/2 columns), C (32 queries x COLS_PER_WARP_C columns): its first key, query or column */
+     * COLS_PER_WARP_B columns), C (32 queries x COLS_PER_WARP_C columns): its first key, query or
+     * column */
     const int keyA = (warp % (Bc / KEYS_PER_WARP_A)) * KEYS_PER_WARP_A;
     const int qA = (warp / (Bc / KEYS_PER_WARP_A)) * QUERIES_PER_WARP_A;
-    const int keyB = (warp % 4) * 32, colB = (warp / 4) * (HeadDim / 2);
+    const int keyB = (warp % KEY_GROUPS_B) * 32, colB = (warp / KEY_GROUPS_B) * COLS_PER_WARP_B;
     const int qC = (warp % QUERY_GROUPS_C) * 32, colC = (warp / QUERY_GROUPS_C) * COLS_PER_WARP_C;
     const float scale_log2 = scale * LOG2E;
     const int Tr = CEIL_DIV(N, Br);
     /* causal: Q tiles wholly above the diagonal (every query before every key of K_j) see none of it */
     const int i_first = causal ? (j * Bc) / Br : 0;
 
+    /* This lane's ldmatrix addresses (32-bit shared), computed once: the first fragment of each
+     * operand of each phase. Every other fragment is a compile-time swizzle_step from one of them
+     * (common/cuda/swizzle.cuh), as in stage 9, instead of a swizzle recomputed per fragment (a
+     * tenth of the step's instructions at d = 128). V_j lies a fixed distance after K_j, dO_i
+     * after Q_i and dS^T after P^T, so one address serves both tiles of a pair (the distance
+     * becomes an ldmatrix immediate), and the Q buffer in use adds b * Q_BUF once per step. A
+     * step moves by whole 8-row groups (the lane's row mod 8, so its XOR pattern, stays) and by
+     * an even number of chunks, in bits the lane's own chunk leaves clear: that chunk is 0 or 1
+     * plus, in phases B and C, the warp's first column, a multiple of its power-of-two share
+     * (static_assert above), and the steps stay inside the share. */
+    const unsigned smem_s = (unsigned)__cvta_generic_to_shared(smem);
+    constexpr unsigned V_OFF = Smem::V_j - Smem::K_j, dO_OFF = Smem::dO_i - Smem::Q_i, dS_OFF = Smem::dST - Smem::PT;
+    constexpr unsigned Q_BUF = 2 * Br * HeadDim; /* bytes of one Q_i (or dO_i) buffer */
+    /* A: K_j (V_j) rows keyA.. as A fragments; Q_i (dO_i) rows qA.. as B fragments (the tile holds B^T) */
+    const unsigned K_A = swizzle_addr<HeadDim>(smem_s + Smem::K_j, keyA + a_order_row(lane), a_order_chunk(lane));
+    const unsigned Q_A = swizzle_addr<HeadDim>(smem_s + Smem::Q_i, qA + b_order_row(lane), b_order_chunk(lane));
+    /* B: P^T (dS^T) rows keyB.. as A; dO_i (Q_i) columns colB.. as B (its rows are k: .trans) */
+    const unsigned PT_B = swizzle_addr<Br>(smem_s + Smem::PT, keyB + a_order_row(lane), a_order_chunk(lane));
+    const unsigned Q_B = swizzle_addr<HeadDim>(smem_s + Smem::Q_i, a_order_row(lane), colB / 8 + a_order_chunk(lane));
+    /* C: dS^T columns qC.. read transposed as dS's A fragments; K_j columns colC.. as B (.trans) */
+    const unsigned dST_C = swizzle_addr<Br>(smem_s + Smem::dST, b_order_row(lane), qC / 8 + b_order_chunk(lane));
+    const unsigned K_C = swizzle_addr<HeadDim>(smem_s + Smem::K_j, a_order_row(lane), colC / 8 + a_order_chunk(lane));
+
     /* Q tile i into buffer b: Q_i and dO_i rows, and L_i, D_i, all by cp.async. Rows past N read as
      * zeros: Q = dO = 0 and L = D = 0 there give P = 1 but dP = 0, so dS = 0, and dO = 0 adds
-     * nothing to dV: such a query contributes nothing, and its dQ row is never written. */
+     * nothing to dV: such a query contributes nothing, and its dQ row is never written. Each
+     * thread's addresses are worked out once (swizzled_tile_loader, common/cuda/swizzle.cuh):
+     * the tiles are loaded on every step. Threads 0 .. Br-1 copy L_i, Br .. 2Br-1 D_i. */
+    const swizzled_tile_loader<T, HeadDim, Br, KV_THREADS> q_loader;
+    const int r_LD = tid % Br;
+    const float *LD_src = (tid < Br ? L2 : Dsum) + bh * N;
+    float *LD_dst = (tid < Br ? L_buf : D_buf) + r_LD;
     auto load_q_tile = [&](int i, int b) {
-        load_tile_swizzled<T, HeadDim, Br, KV_THREADS>(Q_buf + b * Br * HeadDim, Q + head, i * Br, N);
-        load_tile_swizzled<T, HeadDim, Br, KV_THREADS>(dO_buf + b * Br * HeadDim, dO + head, i * Br, N);
+        q_loader.load(Q_buf + b * Br * HeadDim, Q + head, i * Br, N);
+        q_loader.load(dO_buf + b * Br * HeadDim, dO + head, i * Br, N);
         if (tid < 2 * Br) {
-            const int r = tid % Br, q = i * Br + r;
-            const float *src = (tid < Br ? L2 : Dsum) + bh * N + (q < N ? q : 0);
-            cp_async_4_zfill((tid < Br ? L_buf : D_buf) + b * Br + r, src, q < N);
+            const int q = i * Br + r_LD;
+            cp_async_4_zfill(LD_dst + b * Br, LD_src + (q < N ? q : 0), q < N);
         }
     };
 
@@ -218,45 +277,73 @@ stage10_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *_
     load_q_tile(i_first, 0);
     cp_async_commit();
 
-    float dK_acc[2][HeadDim / 16][4] = {}, dV_acc[2][HeadDim / 16][4] = {}; /* phase B's 32 keys x d/2 */
+    /* phase B's 32 keys x COLS_PER_WARP_B */
+    float dK_acc[2][COLS_PER_WARP_B / 8][4] = {}, dV_acc[2][COLS_PER_WARP_B / 8][4] = {};
 
     for (int i = i_first, b = 0; i < Tr; i++, b ^= 1) {
         cp_async_wait<0>();
         __syncthreads(); /* tile i in buffer b; every warp is done with step i-1 (buffer b^1, P^T, dS^T free) */
         if (i + 1 < Tr) load_q_tile(i + 1, b ^ 1);
         cp_async_commit();
-        const __half *Q_i = Q_buf + b * Br * HeadDim, *dO_i = dO_buf + b * Br * HeadDim;
+        const unsigned buf = b * Q_BUF; /* Q_i, dO_i: buffer b */
         const float *L_i = L_buf + b * Br, *D_i = D_buf + b * Br;
 
         /* A. S^T = K_j Q_i^T, then dP^T = V_j dO_i^T, for this warp's KEYS_PER_WARP_A keys x
          * QUERIES_PER_WARP_A queries (one product at a time: their fragments need not be live
          * together) */
         float ST[KEY_TILES_A][QUERY_TILES_A][4] = {}, dPT[KEY_TILES_A][QUERY_TILES_A][4] = {};
-        auto product = [&](float C[KEY_TILES_A][QUERY_TILES_A][4], const __half *A_tile, const __half *B_tile) {
-            constexpr int UNROLL_A = kv_cfg<HeadDim>::UNROLL_A;
-#pragma unroll UNROLL_A
-            for (int k = 0; k < HeadDim; k += 16) {
-                uint32_t Af[KEY_TILES_A][4];
+        auto product = [&](float C[KEY_TILES_A][QUERY_TILES_A][4], unsigned A_at, unsigned B_at) {
+            /* UNROLL_A k16 steps at a time, each fragment a compile-time step from A_at, B_at, which
+             * then move on by 2 UNROLL_A chunks: whole 128-byte lines, a plain add */
+#pragma unroll 1
+            for (int k0 = 0; k0 < HeadDim; k0 += 16 * UNROLL_A) {
 #pragma unroll
-                for (int m = 0; m < KEY_TILES_A; m++) frag_A<HeadDim>(Af[m], A_tile, keyA + 16 * m, k);
+                for (int k = 0; k < 16 * UNROLL_A; k += 16) {
+                    uint32_t Af[KEY_TILES_A][4];
 #pragma unroll
-                for (int qb = 0; qb < QUERY_TILES_A / 2; qb++) {
-                    uint32_t Bf[4];
-                    frag_Bt<HeadDim>(Bf, B_tile, qA + 16 * qb, k);
+                    for (int m = 0; m < KEY_TILES_A; m++)
+                        ldmatrix_x4_at(Af[m], swizzle_step<HeadDim>(A_at, 16 * m, k / 8));
 #pragma unroll
-                    for (int m = 0; m < KEY_TILES_A; m++) {
-                        M::mma(C[m][2 * qb], Af[m], &Bf[0]);
-                        M::mma(C[m][2 * qb + 1], Af[m], &Bf[2]);
+                    for (int qb = 0; qb < QUERY_TILES_A / 2; qb++) {
+                        uint32_t Bf[4];
+                        ldmatrix_x4_at(Bf, swizzle_step<HeadDim>(B_at, 16 * qb, k / 8));
+#pragma unroll
+                        for (int m = 0; m < KEY_TILES_A; m++) {
+                            M::mma(C[m][2 * qb], Af[m], &Bf[0]);
+                            M::mma(C[m][2 * qb + 1], Af[m], &Bf[2]);
+                        }
                     }
                 }
+                A_at = swizzle_step<HeadDim>(A_at, 0, 2 * UNROLL_A);
+                B_at = swizzle_step<HeadDim>(B_at, 0, 2 * UNROLL_A);
             }
         };
-        product(ST, K_j, Q_i);
-        product(dPT, V_j, dO_i);
-        /* P^T = exp2(scale log2e S^T - L log2e), 0 where masked (key past N; causal: key after
-         * query), and dS^T = P^T (dP^T - D), both to shared memory in 16-bit. C layout: ST[m][nt][c]
-         * is key keyA + 16 m + g + 8 (c >> 1), query qA + 8 nt + 2t + (c & 1). */
-        const bool need_mask = (j + 1) * Bc > N || (causal && (j + 1) * Bc - 1 > i * Br);
+        product(ST, K_A, Q_A + buf);
+        product(dPT, K_A + V_OFF, Q_A + buf + dO_OFF);
+        /* Masks, only on the warps that need them: S^T = -inf (so P^T = 0) where the key is past N
+         * or, causal, after the query. C layout: ST[m][nt][c] is key key_w + g + 16 m + 8 (c >> 1),
+         * query q_w + 2t + 8 nt + (c & 1). A warp whose keys all come before N and before its
+         * first query keeps every score. Elsewhere each of this lane's key rows gets, once, the
+         * first query offset 8 nt + (c & 1) it keeps: none past N, from its own query on when
+         * causal; then a score costs one compare with a constant. */
+        const int key_w = j * Bc + keyA, q_w = i * Br + qA; /* this warp's first key and query */
+        if (key_w + KEYS_PER_WARP_A > N || (causal && key_w + KEYS_PER_WARP_A - 1 > q_w)) {
+#pragma unroll
+            for (int m = 0; m < KEY_TILES_A; m++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int key = key_w + g + 16 * m + 8 * h;
+                    const int first = key >= N ? INT_MAX : causal ? key - (q_w + 2 * t) : INT_MIN;
+#pragma unroll
+                    for (int nt = 0; nt < QUERY_TILES_A; nt++)
+#pragma unroll
+                        for (int e = 0; e < 2; e++)
+                            if (8 * nt + e < first) ST[m][nt][2 * h + e] = -INFINITY;
+                }
+        }
+        /* P^T = exp2(scale log2e S^T - L log2e) and dS^T = P^T (dP^T - D), both to shared memory in
+         * 16-bit. A masked score gives exp2(-inf) = 0 (L is finite on every row: a row past N reads
+         * L = 0), and dS^T = 0 with it. */
 #pragma unroll
         for (int nt = 0; nt < QUERY_TILES_A; nt++) {
             /* this lane's two queries: their L and D read once, for all its keys */
@@ -267,9 +354,7 @@ stage10_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *_
                 float p[4], ds[4];
 #pragma unroll
                 for (int c = 0; c < 4; c++) {
-                    const int key = j * Bc + keyA + 16 * m + g + 8 * (c >> 1), q = i * Br + ql + (c & 1);
                     p[c] = exp2_approx(fmaf(ST[m][nt][c], scale_log2, -((c & 1) ? Lq.y : Lq.x)));
-                    if (need_mask && (key >= N || (causal && key > q))) p[c] = 0.f;
                     ds[c] = p[c] * (dPT[m][nt][c] - ((c & 1) ? Dq.y : Dq.x));
                 }
 #pragma unroll
@@ -282,20 +367,20 @@ stage10_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *_
         }
         __syncthreads(); /* P^T and dS^T of all Bc keys x Br queries in shared memory */
 
-        /* B. dV += P^T dO_i, dK += dS^T Q_i for 32 keys x d/2 columns, over the Br queries */
+        /* B. dV += P^T dO_i, dK += dS^T Q_i for 32 keys x COLS_PER_WARP_B columns, over the Br queries */
 #pragma unroll
         for (int qk = 0; qk < Br; qk += 16) {
             uint32_t Pa[2][4], dSa[2][4];
 #pragma unroll
             for (int m = 0; m < 2; m++) {
-                frag_A<Br>(Pa[m], PT_s, keyB + 16 * m, qk);
-                frag_A<Br>(dSa[m], dST_s, keyB + 16 * m, qk);
+                ldmatrix_x4_at(Pa[m], swizzle_step<Br>(PT_B, 16 * m, qk / 8));
+                ldmatrix_x4_at(dSa[m], swizzle_step<Br>(PT_B, 16 * m, qk / 8) + dS_OFF);
             }
 #pragma unroll
-            for (int n = 0; n < HeadDim / 2; n += 16) {
+            for (int n = 0; n < COLS_PER_WARP_B; n += 16) {
                 uint32_t dOf[4], Qf[4];
-                frag_B<HeadDim>(dOf, dO_i, qk, colB + n);
-                frag_B<HeadDim>(Qf, Q_i, qk, colB + n);
+                ldmatrix_x4_trans_at(dOf, swizzle_step<HeadDim>(Q_B, qk, n / 8) + buf + dO_OFF);
+                ldmatrix_x4_trans_at(Qf, swizzle_step<HeadDim>(Q_B, qk, n / 8) + buf);
 #pragma unroll
                 for (int m = 0; m < 2; m++) {
                     M::mma(dV_acc[m][n / 8], Pa[m], &dOf[0]);
@@ -314,11 +399,11 @@ stage10_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *_
         for (int kb = 0; kb < Bc; kb += 16) {
             uint32_t dSa[2][4]; /* A = dS (queries x keys) = the stored dS^T, transposed */
 #pragma unroll
-            for (int m = 0; m < 2; m++) frag_At<Br>(dSa[m], dST_s, kb, qC + 16 * m);
+            for (int m = 0; m < 2; m++) ldmatrix_x4_trans_at(dSa[m], swizzle_step<Br>(dST_C, kb, 2 * m));
 #pragma unroll
             for (int n = 0; n < COLS_PER_WARP_C; n += 16) {
                 uint32_t Kf[4];
-                frag_B<HeadDim>(Kf, K_j, kb, colC + n);
+                ldmatrix_x4_trans_at(Kf, swizzle_step<HeadDim>(K_C, kb, n / 8));
 #pragma unroll
                 for (int m = 0; m < 2; m++) {
                     M::mma(dQ_part[m][n / 8], dSa[m], &Kf[0]);
@@ -326,20 +411,27 @@ stage10_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *_
                 }
             }
         }
+        /* this lane's dQ rows are q_C + 16 m + 8 h: one address for the first, the others a constant
+         * distance on. Rows at or past N are skipped, tested only in a tail tile. */
+        const int q_C = i * Br + qC + g;
+        float *dQ_C = dQ_acc + head + (size_t)q_C * HeadDim + colC + 2 * t;
+        auto add_dQ = [&](bool tail) {
 #pragma unroll
-        for (int m = 0; m < 2; m++)
+            for (int m = 0; m < 2; m++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int q = i * Br + qC + 16 * m + g + 8 * h;
-                if (q >= N) continue;
-                float *dst = dQ_acc + head + (size_t)q * HeadDim + colC + 2 * t;
+                for (int h = 0; h < 2; h++) {
+                    if (tail && q_C + 16 * m + 8 * h >= N) continue;
 #pragma unroll
-                for (int nt = 0; nt < COLS_PER_WARP_C / 8; nt++)
-                    atomic_add2(dst + nt * 8, dQ_part[m][nt][2 * h], dQ_part[m][nt][2 * h + 1]);
-            }
+                    for (int nt = 0; nt < COLS_PER_WARP_C / 8; nt++)
+                        atomic_add2(dQ_C + (16 * m + 8 * h) * HeadDim + nt * 8, dQ_part[m][nt][2 * h],
+                                    dQ_part[m][nt][2 * h + 1]);
+                }
+        };
+        if ((i + 1) * Br <= N) add_dQ(false);
+        else add_dQ(true);
     }
 
-    /* dK_j = scale dS^T Q, dV_j = P^T dO: phase B's 32 keys x d/2, to HBM in the input dtype */
+    /* dK_j = scale dS^T Q, dV_j = P^T dO: phase B's 32 keys x COLS_PER_WARP_B, to HBM in the input dtype */
 #pragma unroll
     for (int m = 0; m < 2; m++)
 #pragma unroll
@@ -347,7 +439,7 @@ stage10_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *_
             const int key = j * Bc + keyB + 16 * m + g + 8 * h;
             if (key >= N) continue;
 #pragma unroll
-            for (int nt = 0; nt < HeadDim / 16; nt++) {
+            for (int nt = 0; nt < COLS_PER_WARP_B / 8; nt++) {
                 const size_t at = head + (size_t)key * HeadDim + colB + nt * 8 + 2 * t;
                 *(uint32_t *)&dK[at] = M::pack(scale * dK_acc[m][nt][2 * h], scale * dK_acc[m][nt][2 * h + 1]);
                 *(uint32_t *)&dV[at] = M::pack(dV_acc[m][nt][2 * h], dV_acc[m][nt][2 * h + 1]);
@@ -498,7 +590,8 @@ int launch(const struct attn_args *a, char *why, size_t n)
         Q, K, V, dO, L2, Dsum, (T *)a->dK, (T *)a->dV, dQ_acc, sh->N, sh->causal, sh->scale, !a->deterministic);
     CUDA_TRY(cudaGetLastError());
     if (a->deterministic) {
-        stage10_dq_kernel<T, HeadDim><<<dim3(CEIL_DIV(sh->N, dq_cfg::Br), (unsigned)bh), DQ_THREADS, dq_smem>>>(
+        const dim3 dq_grid(CEIL_DIV(sh->N, dq_cfg<HeadDim>::Br), (unsigned)bh);
+        stage10_dq_kernel<T, HeadDim><<<dq_grid, DQ_THREADS, dq_smem>>>(
             Q, K, V, dO, L2, Dsum, (T *)a->dQ, sh->N, sh->causal, sh->scale);
     } else {
         stage10_convert_kernel<T><<<(unsigned)std::min<size_t>(CEIL_DIV(elems / 8, 256), 65535), 256>>>(
@@ -511,9 +604,13 @@ int launch(const struct attn_args *a, char *why, size_t n)
 template <typename T>
 int dispatch(const struct attn_args *a, char *why, size_t n)
 {
-    if (a->sh.d == 64) return launch<T, 64>(a, why, n);
-    if (a->sh.d == 128) return launch<T, 128>(a, why, n);
-    snprintf(why, n, "supports head dim 64 or 128 (got d=%d)", a->sh.d);
+    switch (a->sh.d) {
+    case 32: return launch<T, 32>(a, why, n);
+    case 64: return launch<T, 64>(a, why, n);
+    case 128: return launch<T, 128>(a, why, n);
+    case 256: return launch<T, 256>(a, why, n);
+    }
+    snprintf(why, n, "supports head dim 32, 64, 128 or 256 (got d=%d)", a->sh.d);
     return ATTN_UNSUPPORTED;
 }
 
@@ -541,7 +638,7 @@ extern "C" const struct stage stage10_desc = {
     .device = ON_GPU,
     .forward = forward,
     .backward = backward,
-    .dims = {64, 128},
+    .dims = {32, 64, 128, 256},
     .dtypes = DT_F16 | DT_BF16,
     .workspace_bytes = workspace_bytes,
     .openmp = 0,

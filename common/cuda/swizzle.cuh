@@ -58,6 +58,50 @@ static __device__ __forceinline__ void load_tile_swizzled(void *tile, const T *s
     }
 }
 
+/* The same copy for a tile loaded again and again (stage 10's Q_i and dO_i, on every step), with
+ * each thread's addresses worked out once (the block has exactly NTHREADS threads). When NTHREADS
+ * is a multiple of the chunks per row, thread `tid` always copies logical chunk tid mod CHUNKS,
+ * of rows tid / CHUNKS + k ROW_STEP (ROW_STEP = NTHREADS / CHUNKS): one chunk column, so its k-th
+ * copy is its first plus a compile-time offset in HBM, and, ROW_STEP being whole 8-row groups
+ * (f(r) repeats every 8 rows, and every 2 x 4 rows in 4-chunk rows), plus a compile-time offset
+ * in shared memory too. A whole tile (no row at or past N) then costs one cp.async per copy; only
+ * a tail tile tests its rows. */
+template <typename T, int ROW_ELEMS, int ROWS, int NTHREADS>
+struct swizzled_tile_loader {
+    static constexpr int CHUNKS = ROW_ELEMS / 8, ROW_STEP = NTHREADS / CHUNKS, COPIES = ROWS / ROW_STEP;
+    static_assert(sizeof(T) == 2, "swizzled tiles hold 16-bit elements");
+    static_assert(NTHREADS % CHUNKS == 0 && ROWS % ROW_STEP == 0 && ROW_STEP % 8 == 0,
+                  "every thread copies one chunk column, in whole 8-row groups, of every tile");
+    int row;  /* this thread's first row in the tile */
+    int from; /* its first element in the tile's rows of the source: row * ROW_ELEMS + chunk * 8 */
+    int to;   /* its first element in the swizzled tile */
+    __device__ __forceinline__ swizzled_tile_loader()
+    {
+        const int chunk = threadIdx.x % CHUNKS;
+        row = threadIdx.x / CHUNKS;
+        from = row * ROW_ELEMS + chunk * 8;
+        to = swizzle<ROW_ELEMS>(row, chunk);
+    }
+    /* Rows row0 .. row0+ROWS-1 of one head's [N, ROW_ELEMS] matrix `src` into `tile`, as
+     * load_tile_swizzled: rows at or past N are zero-filled, and never read from HBM. */
+    __device__ __forceinline__ void load(void *tile, const T *src, int row0, int N) const
+    {
+        T *dst = (T *)tile + to;
+        if (row0 + ROWS <= N) { /* the whole tile lies before N (the same branch for every thread) */
+            const T *at = src + (size_t)row0 * ROW_ELEMS + from;
+#pragma unroll
+            for (int k = 0; k < COPIES; k++) cp_async_16(dst + k * ROW_STEP * ROW_ELEMS, at + k * ROW_STEP * ROW_ELEMS);
+        } else {
+#pragma unroll
+            for (int k = 0; k < COPIES; k++) {
+                const bool valid = row0 + row + k * ROW_STEP < N;
+                const size_t at = valid ? (size_t)row0 * ROW_ELEMS + from + k * ROW_STEP * ROW_ELEMS : 0;
+                cp_async_16_zfill(dst + k * ROW_STEP * ROW_ELEMS, src + at, valid);
+            }
+        }
+    }
+};
+
 /* ---- which lane points ldmatrix.x4 where ----
  *
  * ldmatrix.x4 reads four 8x8 matrices; lanes 8m .. 8m+7 give the addresses of the 8 rows of
