@@ -42,11 +42,14 @@ static __device__ __forceinline__ int swizzle(int row, int chunk)
     return row * ROW_ELEMS + ((chunk ^ f) << 3);
 }
 
-/* Rows row0 .. row0+ROWS-1 of one head's [N, ROW_ELEMS] matrix of T into a swizzled shared tile,
- * 16 bytes per cp.async, spread over the block's NTHREADS threads (the caller commits the group).
- * Rows at or past N are zero-filled, and never read from HBM. */
-template <typename T, int ROW_ELEMS, int ROWS, int NTHREADS>
-static __device__ __forceinline__ void load_tile_swizzled(void *tile, const T *src, int row0, int N)
+/* Rows row0 .. row0+ROWS-1 of one head's [N, ROW_ELEMS] matrix of T into a shared tile whose
+ * layout `offset(row, chunk)` gives (the element offset of 16-byte chunk `chunk` of tile row
+ * `row`), 16 bytes per cp.async, spread over the block's NTHREADS threads (the caller commits the
+ * group). Consecutive threads take consecutive chunks of a row, so the reads from HBM coalesce.
+ * Rows at or past N are zero-filled, and never read from HBM. Both swizzled layouts load this way:
+ * this file's (load_tile_swizzled) and wgmma's 128-byte one (load_tile_sw128 in wgmma.cuh). */
+template <typename T, int ROW_ELEMS, int ROWS, int NTHREADS, typename Offset>
+static __device__ __forceinline__ void load_tile_laid_out(void *tile, const T *src, int row0, int N, Offset offset)
 {
     static_assert(sizeof(T) == 2, "swizzled tiles hold 16-bit elements");
     constexpr int CHUNKS = ROW_ELEMS / 8;
@@ -54,8 +57,16 @@ static __device__ __forceinline__ void load_tile_swizzled(void *tile, const T *s
         const int r = c / CHUNKS, chunk = c % CHUNKS;
         const bool valid = row0 + r < N;
         const T *from = src + (size_t)(valid ? row0 + r : 0) * ROW_ELEMS + chunk * 8;
-        cp_async_16_zfill((T *)tile + swizzle<ROW_ELEMS>(r, chunk), from, valid);
+        cp_async_16_zfill((T *)tile + offset(r, chunk), from, valid);
     }
+}
+
+/* ... into this file's swizzled layout. */
+template <typename T, int ROW_ELEMS, int ROWS, int NTHREADS>
+static __device__ __forceinline__ void load_tile_swizzled(void *tile, const T *src, int row0, int N)
+{
+    load_tile_laid_out<T, ROW_ELEMS, ROWS, NTHREADS>(tile, src, row0, N,
+                                                     [](int r, int chunk) { return swizzle<ROW_ELEMS>(r, chunk); });
 }
 
 /* The same copy for a tile loaded again and again (stage 10's Q_i and dO_i, on every step), with

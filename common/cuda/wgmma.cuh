@@ -31,6 +31,7 @@
 #define WGMMA_CUH
 
 #include "common/cuda/mma.cuh"
+#include "common/cuda/swizzle.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -82,15 +83,9 @@ static __device__ __forceinline__ int sw128(int row, int chunk)
 template <typename T, int ROW_ELEMS, int ROWS, int NTHREADS>
 static __device__ __forceinline__ void load_tile_sw128(void *tile, const T *src, int row0, int N)
 {
-    static_assert(sizeof(T) == 2, "swizzled tiles hold 16-bit elements");
     static_assert(ROW_ELEMS % 64 == 0 && ROWS % 8 == 0, "whole 8 x 64 atoms");
-    constexpr int CHUNKS = ROW_ELEMS / 8;
-    for (int c = threadIdx.x; c < ROWS * CHUNKS; c += NTHREADS) {
-        const int r = c / CHUNKS, chunk = c % CHUNKS;
-        const bool valid = row0 + r < N;
-        const T *from = src + (size_t)(valid ? row0 + r : 0) * ROW_ELEMS + chunk * 8;
-        cp_async_16_zfill((T *)tile + sw128<ROWS>(r, chunk), from, valid);
-    }
+    load_tile_laid_out<T, ROW_ELEMS, ROWS, NTHREADS>(tile, src, row0, N,
+                                                     [](int r, int chunk) { return sw128<ROWS>(r, chunk); });
 }
 
 /* ---- the shared-memory matrix descriptor ----
