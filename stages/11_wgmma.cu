@@ -20,8 +20,9 @@
  *   memory themselves, and only wgmma reaches Hopper's full tensor-core rate. Stage 9 runs at
  *   FlashAttention-2's speed, about a third of an H200's 989 TFLOP/s.
  * Hopper only: compiled for sm_90a (the Makefile's HOPPER_STAGES); elsewhere it exits 3.
- * Measured on H200: notes/11_wgmma.md (the prediction, and a first run: 0.88-0.90x stage 9 at
- *   d = 64, 1.20x at d = 128; the 1.3x this stage is after is not reached yet).
+ * Measured on H200: notes/11_wgmma.md (the prediction, and a first run: 0.84-0.91x stage 9 at
+ *   d = 64, 1.09-1.25x at d = 128, 1.69-1.91x at d = 256; the 1.3x this stage is after over
+ *   d = 64 and 128 is not reached yet).
  * Run: ./stage11 --batch 1 --heads 1 --seqlen 16384 --dim 128 --causal
  */
 #include "common/attn.h"
