@@ -182,9 +182,21 @@ bench-ncu: $(FWD_BINS)
 	FA_COMMIT=$(COMMIT) STAGES="$(FWD_BINS)" bench/bench_ncu.sh
 
 # ---- on any machine ----
-# the CPU stages over N, into bench/data/cpu.csv (the CPU and memory charts are drawn from it)
+# the CPU stages over N, and the yardstick cpu-blas beside them (bench/cpu_blas, built here where
+# OpenBLAS is installed; skipped with a note where it is not), into bench/data/cpu.csv (the CPU
+# and memory charts are drawn from it). OpenBLAS is the benchmark's alone: all and test never
+# need it.
 bench-cpu: $(CPU_BINS)
+	@if pkg-config --exists openblas 2>/dev/null || ldconfig -p 2>/dev/null | grep -q 'libopenblas\.so '; then \
+	  $(MAKE) --no-print-directory bench/cpu_blas; \
+	else rm -f bench/cpu_blas; fi # (bench_cpu.sh says, in a line, that cpu-blas was skipped)
 	FA_COMMIT=$(COMMIT) STAGES="$(CPU_BINS)" bench/bench_cpu.sh
+
+# the yardstick: unfused attention through OpenBLAS (bench/cpu_blas.c)
+BLAS_LIBS = $(shell pkg-config --cflags --libs openblas 2>/dev/null || echo -lopenblas)
+bench/cpu_blas: bench/cpu_blas.c
+	@$(if $(Q),echo "  CC    $@")
+	$(Q)$(CC) -std=gnu11 -fopenmp $(CFLAGS) $(LDFLAGS) $< -o $@ $(BLAS_LIBS) -lm
 
 # every chart (PNG and SVG, into plots/) and the README's results table, from bench/data/ alone;
 # the stage lists name the stages not measured yet (README=FILE: the table into FILE instead)
@@ -205,6 +217,6 @@ diff%:
 	diff -u -b "$$a" "$$b"; test $$? -le 1
 
 clean:
-	rm -rf $(BUILD) tests/attn_tests $(CPU_BINS) $(GPU_BINS)
+	rm -rf $(BUILD) tests/attn_tests $(CPU_BINS) $(GPU_BINS) bench/cpu_blas
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

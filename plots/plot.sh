@@ -17,7 +17,9 @@
 #                            with a caption on why a measured bar falls short of its formula (the L2)
 # From bench/data/cpu.csv (`make bench-cpu`) and the GPU files:
 #   plots/memory         (d) memory for one (batch, head) against N: stages 1, 3 (CPU) and 9 (GPU)
-#   plots/cpu            (f) the CPU stages' GFLOP/s against N
+#   plots/cpu            (f) the CPU stages' GFLOP/s against N, and the yardstick cpu-blas (unfused,
+#                            OpenBLAS) as torch-flash is drawn on the GPU charts; at the shape of
+#                            the latest run (B, H), rows at another shape left out and counted
 # each as .png and .svg; the chart itself is plots/<name>.gp, this script only prepares its data.
 # A stage of the Makefile's list with no rows yet is named under the chart, not drawn.
 # Then README.md's results table, between its markers, from plots/readme_table.sh (README=FILE
@@ -259,31 +261,43 @@ done
 # ---- (f) the CPU stages' GFLOP/s, and (d) memory against N ----
 cpu="$data/cpu.csv"
 if [ -s "$cpu" ]; then
-  # the latest row of each (stage, N) at B = H = 1, d = 64, not causal, into
-  #   cpu.dat      "stage N gflops": GFLOP/s from ms_median (the tflops column keeps three
-  #                decimals, too few for a CPU; 4 N^2 d FLOPs per (batch, head))
-  #   memory.dat   "stage@cpu N bytes" for stages 1 and 3: Q, K, V, O in fp32 (4 N d elements), L
-  #                (N fp32) and the scratch the harness measured (extra_bytes)
-  #   cpu_meta.txt "stage threads commit", machines.txt the processors, cpu_cap.txt stage 1's cap
-  csv_awk -v dat="$tmp/cpu.dat" -v mem="$tmp/memory.dat" -v meta="$tmp/cpu_meta.txt" -v machines="$tmp/machines.txt" \
-          -v capf="$tmp/cpu_cap.txt" '
-    get("direction") == "fwd" && get("batch") == 1 && get("heads") == 1 && get("dim") == 64 && get("causal") == 0 {
+  # The CPU rows are drawn at one shape, the latest run's: the (batch, heads) of the file's last
+  # row at d = 64, not causal (rows at another shape, such as the first runs' B = H = 1 beside
+  # today's B = 1, H = 8, stay out, and the chart says how many). "B H" into cpu_shape.
+  csv_awk 'get("direction") == "fwd" && get("dim") == 64 && get("causal") == 0 { s = get("batch") " " get("heads") }
+    END { print s }' "$cpu" > "$tmp/cpu_shape"
+  read -r cpu_b cpu_h < "$tmp/cpu_shape"
+  if [ "$cpu_b" = 1 ] && [ "$cpu_h" = 1 ]; then cpu_shape_text="one (batch, head)"; else cpu_shape_text="B = $cpu_b, H = $cpu_h"; fi
+  # the latest row of each (series, N) at that shape, d = 64, not causal, into
+  #   cpu.dat      "series N gflops": GFLOP/s from ms_median (the tflops column keeps three
+  #                decimals, too few for a CPU; 4·B·H·N^2·d FLOPs)
+  #   memory.dat   "stage@cpu N bytes" for stages 1 and 3: one (batch, head)'s Q, K, V, O in fp32
+  #                (4 N d elements) and L (N fp32), and the scratch the harness measured
+  #                (extra_bytes: the run's, whatever its B and H; stage 1 holds one head's N x N)
+  #   cpu_meta.txt "series threads commit", machines.txt the processors, cpu_cap.txt stage 1's
+  #   cap, cpu_other.txt the rows at other shapes ("B = 1, H = 1: 20 rows")
+  csv_awk -v B="$cpu_b" -v H="$cpu_h" -v dat="$tmp/cpu.dat" -v mem="$tmp/memory.dat" -v meta="$tmp/cpu_meta.txt" \
+          -v machines="$tmp/machines.txt" -v capf="$tmp/cpu_cap.txt" -v otherf="$tmp/cpu_other.txt" '
+    get("direction") == "fwd" && get("dim") == 64 && get("causal") == 0 && (get("batch") != B || get("heads") != H) {
+      o = "B = " get("batch") ", H = " get("heads"); if (!(o in other)) oorder[++no] = o; other[o]++; next }
+    get("direction") == "fwd" && get("dim") == 64 && get("causal") == 0 {
       s = get("stage"); n = get("seqlen"); d = get("dim"); k = s " " n
       if (!(k in gf)) keys[++nk] = k
-      gf[k] = 4 * n * n * d / (get("ms_median") * 1e-3) / 1e9
+      gf[k] = 4 * B * H * n * n * d / (get("ms_median") * 1e-3) / 1e9
       bytes[k] = 4 * n * d * 4 + 4 * n + get("extra_bytes")
       th[s] = get("threads"); run[s] = get("commit"); mach[k] = get("machine")
       if (s == "stage1" && n + 0 > m1) m1 = n + 0
-      if (n + 0 > m) m = n + 0 }
+      if (s ~ /^stage/ && n + 0 > m) m = n + 0 }
     END {
       for (i = 1; i <= nk; i++) {
         print keys[i], gf[keys[i]] > dat; split(keys[i], f, " ")
         if (f[1] == "stage1" || f[1] == "stage3") print f[1] "@cpu", f[2], bytes[keys[i]] > mem }
       for (s in th) print s, th[s], run[s] > meta
       for (k in mach) print mach[k] > machines
-      if (m1 && m1 < m) printf "\\nstage 1 (4·N^2 bytes of scores) measured up to N = %d", m1 > capf
+      if (m1 && m1 < m) printf "\\nstage 1 (4·N^2 bytes of scores, one thread) measured up to N = %d", m1 > capf
+      for (i = 1; i <= no; i++) printf "%s%s: %d rows", (i > 1 ? "; " : ""), oorder[i], other[oorder[i]] > otherf
     }' "$cpu"
-  touch "$tmp/cpu.dat" "$tmp/memory.dat" "$tmp/cpu_meta.txt" "$tmp/machines.txt" "$tmp/cpu_cap.txt"
+  touch "$tmp/cpu.dat" "$tmp/memory.dat" "$tmp/cpu_meta.txt" "$tmp/machines.txt" "$tmp/cpu_cap.txt" "$tmp/cpu_other.txt"
   sort -k1,1V -k2,2n -o "$tmp/cpu.dat" "$tmp/cpu.dat"
   sort -k1,1V -k2,2n -o "$tmp/memory.dat" "$tmp/memory.dat"
   mapfile -t series < <(cut -d' ' -f1 "$tmp/cpu.dat" | order_series)
@@ -294,11 +308,18 @@ if [ -s "$cpu" ]; then
   done
   machine=$(sort -u "$tmp/machines.txt" | paste -sd';' | sed 's/;/; /g')
   runs=$(awk '{ print $1, $3 }' "$tmp/cpu_meta.txt" | sort -V | runs_of)
-  heading="CPU stages, fp32, one (batch, head), d = 64, not causal, on $machine$(cat "$tmp/cpu_cap.txt")\\nruns (commit): $runs"
+  heading="CPU stages, fp32, $cpu_shape_text, d = 64, not causal, on $machine$(cat "$tmp/cpu_cap.txt")\\nruns (commit): $runs"
+  # the yardstick, as torch-flash is on the GPU charts: drawn where measured, else named
+  if ! grep -q '^cpu-blas ' "$tmp/cpu.dat"; then
+    heading="$heading\\ncpu-blas: not measured yet (make bench-cpu with libopenblas-dev)"
+  fi
+  if [ -s "$tmp/cpu_other.txt" ]; then
+    heading="$heading\\nnot drawn, measured at another shape: $(cat "$tmp/cpu_other.txt")"
+  fi
   render cpu cpu "$(gpstr data "$tmp/cpu.dat")" "$(gpstr series "${series[*]}")" "$(gpstr titles "$titles")" \
     "$(gpstr heading "$heading")"
 
-  # memory for one (batch, head): the CPU stages 1 and 3 at B = H = 1 (above), and the production
+  # memory for one (batch, head): the CPU stages 1 and 3 at the CPU rows' shape (above), and the production
   # GPU forward from each GPU's grid rows (d = 64, not causal): Q, K, V, O at the row's dtype, L in
   # fp32 and the scratch it measured, divided by B * H (it allocates none). Lines "series N bytes".
   mem_titles=()
@@ -325,6 +346,9 @@ if [ -s "$cpu" ]; then
   titles=$(printf '%s|' "${mem_titles[@]}")
   n_gpu=${MEM_GPU_STAGE#stage}
   heading="Memory for one (batch, head) against N, d = 64, measured\\nQ, K, V, O at the stage's dtype + L in fp32 + the scratch the harness measured (stage $n_gpu needs none)"
+  if [ "$cpu_shape_text" != "one (batch, head)" ]; then
+    heading="$heading\\nCPU stages: the scratch of a run at $cpu_shape_text, whole (stage 1 holds one head's N x N at a time)"
+  fi
   if [ -n "$mem_missing" ]; then
     heading="$heading\\nstage $n_gpu on the GPU ($mem_missing): no rows yet (make bench), not drawn"
   fi

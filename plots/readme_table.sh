@@ -10,8 +10,11 @@
 #   plots/readme_table.sh [--gpu h200] [--seqlen 4096] [--dim 64] [--splice README.md]
 #
 # The stages, in order, are the Makefile's (csv_stage_lists in bench/csv.sh); one not measured
-# yet gets a row that says so. Rules: the latest row of a shape wins. CPU stages: B = H = 1, from
-# bench/data/cpu.csv; a speedup only against a row of the same commit and machine. GPU stages:
+# yet gets a row that says so. Rules: the latest row of a shape wins. CPU stages: from
+# bench/data/cpu.csv at the (batch, heads) of its latest row (d = 64, not causal: B = 1, H = 8 since
+# the issue's shape, B = H = 1 before; rows at another shape stay out), which the footnote names;
+# a speedup only against a row of the same commit and machine; the yardstick cpu-blas (unfused
+# through OpenBLAS) named in the footnote where it was measured, with the ratio of stage 3 to it. GPU stages:
 # the grid's shape at that N and d (B = 16384 / N, H = 2048 / d), from bench/data/<gpu>.csv, a
 # stage's latest run; its speedup over the stage before it from that run, or, where that stage
 # was not measured in it, the ratio of their ratios to torch-flash, each in its own run (†).
@@ -56,15 +59,22 @@ table=$(csv_awk -f "$here/grid.awk" -v N="$n" -v D="$d" -v gpu="$gpu" -v gfile="
   # a run named in the footnote, with what it measured ("4", "10 backward")
   function credit(r, what) { if (!(r in rs)) { rs[r]; rorder[++nr] = r }; who[r] = who[r] (who[r] == "" ? "" : ", ") what; whon[r]++ }
   FILENAME ~ /labels\.csv$/ { label[get("series")] = get("label"); next }
-  # CPU rows: one (batch, head); GFLOP/s from the time (4 N^2 d FLOPs per head)
+  # CPU rows at N, d, not causal, by (batch, heads); the shape of the file'"'"'s latest row (at d = 64,
+  # not causal: the CPU chart'"'"'s) is the one shown. GFLOP/s from the time (4 B H N^2 d FLOPs).
   FILENAME ~ /cpu\.csv$/ {
-    if (get("direction") == "fwd" && get("batch") == 1 && get("heads") == 1 && get("seqlen") == N && get("dim") == D && get("causal") == 0) {
-      s = get("stage"); cpu[s] = 4 * N * N * D / (get("ms_median") * 1e-3) / 1e9
-      crun[s] = get("commit"); mach[s] = get("machine"); th[s] = get("threads") }
+    if (get("direction") == "fwd" && get("dim") == 64 && get("causal") == 0) cshape = get("batch") " " get("heads")
+    if (get("direction") == "fwd" && get("seqlen") == N && get("dim") == D && get("causal") == 0) {
+      k = get("stage") " " get("batch") " " get("heads")
+      cgf[k] = 4 * get("batch") * get("heads") * N * N * D / (get("ms_median") * 1e-3) / 1e9
+      ccr[k] = get("commit"); cmach[k] = get("machine"); cth[k] = get("threads") }
     next
   }
   { grid_add() }
   END {
+    # the CPU rows of the shape shown: cpu[s] GFLOP/s, crun, mach, th
+    split(cshape, cs, " ")
+    for (k in cgf) { split(k, f, " "); if (f[2] " " f[3] == cshape) { s = f[1]; cpu[s] = cgf[k]; crun[s] = ccr[k]; mach[s] = cmach[k]; th[s] = cth[k] } }
+    cpu_shape = (cs[1] == 1 && cs[2] == 1) ? "one (batch, head)" : "B = " cs[1] ", H = " cs[2]
     pt = "d=" D " causal=0 n=" N
     dagger = 0
     printf "| stage | idea | forward, N = %d, d = %d | × previous stage | × FlashAttention-2, same run | run |\n", N, D
@@ -102,8 +112,15 @@ table=$(csv_awk -f "$here/grid.awk" -v N="$n" -v D="$d" -v gpu="$gpu" -v gfile="
       }
     }
     print ""
-    if (ncpu)
-      printf "- CPU (stage%s %s): fp32, one (batch, head), on %s; `bench/data/cpu.csv` (`make bench-cpu`), commit %s.\n", (ncpu > 1 ? "s" : ""), list(cpus, ncpu), machine, list(cruns, ncrun)
+    if (ncpu) {
+      printf "- CPU (stage%s %s): fp32, %s, on %s; `bench/data/cpu.csv` (`make bench-cpu`), commit %s", (ncpu > 1 ? "s" : ""), list(cpus, ncpu), cpu_shape, machine, list(cruns, ncrun)
+      # the yardstick: unfused attention through OpenBLAS, in the same file at the same shape
+      if ("cpu-blas" in cpu) {
+        printf "; the yardstick, unfused attention through OpenBLAS (cpu-blas, %d thread%s): %.2f GFLOP/s in %s", th["cpu-blas"], th["cpu-blas"] == 1 ? "" : "s", cpu["cpu-blas"], crun["cpu-blas"]
+        if (cb[nc] in cpu && mach[cb[nc]] == mach["cpu-blas"] && crun[cb[nc]] == crun["cpu-blas"]) printf " (stage %s: %.2f× of it)", num(cb[nc]), cpu[cb[nc]] / cpu["cpu-blas"]
+      }
+      print "."
+    }
     printf "- GPU: %s, fp16, B = %d, H = %d (the benchmark grid at this N and d); `%s` (`make bench`)", toupper(gpu), 16384 / N, 2048 / D, gfile
     if (nr) {
       printf ", runs (commit) "

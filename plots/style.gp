@@ -28,7 +28,9 @@ field(s, i) = i <= 1 ? (bar(s) ? s[1:bar(s) - 1] : s) : (bar(s) ? field(s[bar(s)
 # and no two consecutive stages a dash pattern: solid, long dash, dash-dot, in turn. The yardsticks
 # are black or grey, thick, with open markers and dash patterns no stage uses, so that they never
 # read as one of the stages:
-#   11 torch-flash (FlashAttention-2), 12 torch-cudnn, 13 a figure from the FA-2 paper, 14 a formula
+#   11 torch-flash (FlashAttention-2), and cpu-blas (unfused through OpenBLAS), the CPU chart's
+#   yardstick, drawn as torch-flash is (the two never share a chart), 12 torch-cudnn, 13 a figure
+#   from the FA-2 paper, 14 a formula
 set style line 21 lc rgb '#8c564b' lw 2 pt 7 ps 1.2 dt 1
 set style line 22 lc rgb '#e377c2' lw 2 pt 5 ps 1.2 dt (16, 5)
 set style line 23 lc rgb '#17becf' lw 2 pt 9 ps 1.4 dt (16, 4, 3, 4)
@@ -56,9 +58,9 @@ nudge_step(k) = stem(k) eq 'torch-flash' ? 1 : stem(k)[1:5] eq 'stage' ? int(ste
 nudge(k) = 2 ** (nudge_step(k) * NUDGE)
 nudged = 'markers at each N nudged sideways, series by series, so that coinciding points stay visible'
 
-# style(k): the line style of a series key such as stage4, torch-flash, stage9@h200, paper
+# style(k): the line style of a series key such as stage4, torch-flash, cpu-blas, stage9@h200, paper
 stem(k) = strstrt(k, '@') ? k[1:strstrt(k, '@') - 1] : k
-style(k) = stem(k) eq 'torch-flash' ? 11 : stem(k) eq 'torch-cudnn' ? 12 : stem(k) eq 'paper' ? 13 \
+style(k) = stem(k) eq 'torch-flash' || stem(k) eq 'cpu-blas' ? 11 : stem(k) eq 'torch-cudnn' ? 12 : stem(k) eq 'paper' ? 13 \
          : stem(k) eq 'formula' ? 14 : stem(k)[1:5] eq 'stage' ? 20 + int(stem(k)[6:] + 0) : 14
 
 set grid lc rgb '#d8d8d8' lw 1 dt 1
