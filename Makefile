@@ -31,11 +31,19 @@ LDFLAGS += -fsanitize=address,undefined
 NVDEBUG := -g
 NVLDFLAGS := -Xcompiler=-fsanitize=address -Xcompiler=-fsanitize=undefined
 endif
-ALL_CFLAGS := -std=gnu11 -fopenmp -I. -MMD -MP $(CFLAGS)
+# OpenMP where the C compiler has it (Apple's clang, for one, has none without an extra library):
+# without it the CPU stages build and run on one thread, and their summary says so. OPENMP=0
+# builds that way on purpose.
+ifndef OPENMP
+OPENMP := $(shell printf 'int main(void){return 0;}' | $(CC) -fopenmp -x c - -o /dev/null >/dev/null 2>&1 && echo 1 || echo 0)
+endif
+OMP_CFLAGS := $(if $(filter 1,$(OPENMP)),-fopenmp,-Wno-unknown-pragmas)
+OMP_LDFLAGS := $(if $(filter 1,$(OPENMP)),-fopenmp,)
+ALL_CFLAGS := -std=gnu11 $(OMP_CFLAGS) -I. -MMD -MP $(CFLAGS)
 NVCCFLAGS := -std=c++17 -O3 -lineinfo $(NVDEBUG) -I. -MMD -MP -Xcompiler -Wall,-Wextra
 NVCC_ARCH := $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a))
 HOPPER_ARCH := -gencode arch=compute_90a,code=sm_90a
-NVLINK := $(NVCC_ARCH) -Xcompiler -fopenmp
+NVLINK := $(NVCC_ARCH) $(if $(OMP_LDFLAGS),-Xcompiler $(OMP_LDFLAGS))
 
 Q := $(if $(filter 1,$(V)),,@)
 num = $(patsubst 0%,%,$(firstword $(subst _, ,$(1))))
@@ -59,7 +67,7 @@ BUILT_STAGES := $(CPU_STAGES) $(GPU_STAGES)
 TEST_LINK = $(NVCC) $(NVLINK) $(NVLDFLAGS) -o $@ $^ $(CRITERION_LIBS) -lm
 else
 BUILT_STAGES := $(CPU_STAGES)
-TEST_LINK = $(CC) -fopenmp $(LDFLAGS) -o $@ $^ $(CRITERION_LIBS) -lm
+TEST_LINK = $(CC) $(OMP_LDFLAGS) $(LDFLAGS) -o $@ $^ $(CRITERION_LIBS) -lm
 endif
 STAGE_OBJS := $(sort $(foreach s,$(BUILT_STAGES),$(BUILD)/stages/$(s).o))
 
@@ -94,7 +102,7 @@ $(BUILD)/main_stage%.o: common/main.c
 define cpu_stage
 $(call bin,$(1)): $(BUILD)/main_$(call bin,$(1)).o $(sort $(BUILD)/stages/$(1).o $(REF_OBJ)) $(COMMON_OBJS)
 	@$(if $(Q),echo "  LD    $$@")
-	$(Q)$(CC) -fopenmp $(LDFLAGS) -o $$@ $$^ -lm
+	$(Q)$(CC) $(OMP_LDFLAGS) $(LDFLAGS) -o $$@ $$^ -lm
 endef
 define gpu_stage
 ifneq ($(HAVE_NVCC),)
@@ -196,7 +204,7 @@ bench-cpu: $(CPU_BINS)
 BLAS_LIBS = $(shell pkg-config --cflags --libs openblas 2>/dev/null || echo -lopenblas)
 bench/cpu_blas: bench/cpu_blas.c
 	@$(if $(Q),echo "  CC    $@")
-	$(Q)$(CC) -std=gnu11 -fopenmp $(CFLAGS) $(LDFLAGS) $< -o $@ $(BLAS_LIBS) -lm
+	$(Q)$(CC) -std=gnu11 $(OMP_CFLAGS) $(CFLAGS) $(LDFLAGS) $< -o $@ $(BLAS_LIBS) -lm
 
 # every chart (PNG and SVG, into plots/) and the README's results table, from bench/data/ alone;
 # the stage lists name the stages not measured yet (README=FILE: the table into FILE instead)

@@ -4,6 +4,16 @@
 
 #include "commit.h" /* COMMIT: `git rev-parse --short HEAD` at build time, written by the Makefile */
 
+/* 0 when the C compiler had no OpenMP (the Makefile then builds without it): CPU stages on one thread. */
+static int built_with_openmp(void)
+{
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 const char *build_commit(void)
 {
     const char *c = getenv("FA_COMMIT"); /* the benchmark may name the commit it measures */
@@ -36,8 +46,8 @@ void print_summary(FILE *f, const struct result *r)
     if (r->st->device == ON_GPU)
         fprintf(f, "%.1f TFLOP/s | extra %s | %s\n", tflops(r), extra, r->device_name);
     else
-        fprintf(f, "%.2f GFLOP/s | extra %s | %d thread%s\n", tflops(r) * 1e3, extra, r->threads,
-                r->threads == 1 ? "" : "s");
+        fprintf(f, "%.2f GFLOP/s | extra %s | %d thread%s%s\n", tflops(r) * 1e3, extra, r->threads,
+                r->threads == 1 ? "" : "s", built_with_openmp() ? "" : " (built without OpenMP)");
 }
 
 void print_csv_header(FILE *f)
