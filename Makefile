@@ -202,9 +202,11 @@ bench-cpu: $(CPU_BINS)
 
 # the yardstick: unfused attention through OpenBLAS (bench/cpu_blas.c)
 BLAS_LIBS = $(shell pkg-config --cflags --libs openblas 2>/dev/null || echo -lopenblas)
-bench/cpu_blas: bench/cpu_blas.c
+# (it links the harness's inputs, oracle, check, timing and report, and stage 1, which the harness
+# checks against)
+bench/cpu_blas: bench/cpu_blas.c $(COMMON_OBJS) $(REF_OBJ)
 	@$(if $(Q),echo "  CC    $@")
-	$(Q)$(CC) -std=gnu11 $(OMP_CFLAGS) $(CFLAGS) $(LDFLAGS) $< -o $@ $(BLAS_LIBS) -lm
+	$(Q)$(CC) $(ALL_CFLAGS) $(LDFLAGS) $^ -o $@ $(BLAS_LIBS) -lm
 
 # every chart (PNG and SVG, into plots/) and the README's results table, from bench/data/ alone;
 # the stage lists name the stages not measured yet (README=FILE: the table into FILE instead)
