@@ -14,15 +14,17 @@
  *     blocks of 1024-byte atoms (stage 9's own swizzle keeps 256-byte rows at d = 128);
  *   - the online softmax works on the wgmma accumulators, which are stage 9's mma.sync C layout on
  *     each warp's 16 rows: the softmax code is stage 9's with one row tile per warp;
+ *   - a wgmma runs asynchronously: O_i += P_ij V_j is issued and left running while the warpgroup
+ *     crosses the next barrier and issues the next S = Q K^T, so the tensor cores go from one
+ *     to the other without draining; this takes a third K/V buffer (the loop is turned to keep
+ *     that window inside one iteration, as the compiler needs to keep wgmma asynchronous);
  *   - tile sizes per head dim for the new register budget (configuration below).
  * Why: an mma.sync is one warp's 16 x 8 x 16 product, its A and B fed through registers by
  *   ldmatrix; a wgmma is a warpgroup's 64 x N x 16 product that the tensor cores read from shared
  *   memory themselves, and only wgmma reaches Hopper's full tensor-core rate. Stage 9 runs at
  *   FlashAttention-2's speed, about a third of an H200's 989 TFLOP/s.
  * Hopper only: compiled for sm_90a (the Makefile's HOPPER_STAGES); elsewhere it exits 3.
- * Measured on H200: notes/11_wgmma.md (the prediction, and a first run: 0.84-0.91x stage 9 at
- *   d = 64, 1.09-1.25x at d = 128, 1.69-1.91x at d = 256; the 1.3x this stage is after over
- *   d = 64 and 128 is not reached yet).
+ * Measured on H200: notes/11_wgmma.md.
  * Run: ./stage11 --batch 1 --heads 1 --seqlen 16384 --dim 128 --causal
  */
 #include "common/attn.h"
@@ -48,42 +50,45 @@ namespace {
  * in stage 9). Per thread a warpgroup's accumulators hold Bc / 2 fp32 of S_ij and HeadDim / 2 of
  * O_i, and P_ij takes Bc / 4 registers (16-bit pairs) that the tensor cores read until the wait:
  * all three live at once, under the 255 registers a thread may use (check -Xptxas -v). Bc is one
- * wgmma's N for S_ij: 128 where registers allow (a K_j row read from shared memory serves 128
- * scores; at Bc = 64 one wgmma of S_ij reads as many bytes of shared memory per FLOP as the
- * tensor cores can take), 64 at d = 256 (O_i alone is 128 registers).
- * Shared memory: Q_i plus two buffers of K_j and V_j, 2 (Br + 4 Bc) HeadDim bytes: 80 KiB at
- * d = 64, 160 KiB at d = 128, 192 KiB at d = 256, under the 227 KiB a block may have. */
+ * wgmma's N for S_ij. STAGES buffers of K_j and V_j: with three, O_i += P_ij V_j is left running
+ * while the warpgroup crosses the next barrier and issues the next S = Q K^T (the loop below);
+ * with two, it is waited for at once.
+ *   d = 64:  Bc = 64, three buffers (64 KiB). Bc = 128 was 4-25% slower on the H200 (notes/11):
+ *            the exponentials, as heavy as the matmuls here, wait on a wgmma of S twice as long.
+ *   d = 128: Bc = 128, three buffers (224 KiB, just under the 227 KiB a block may have).
+ *   d = 256: Bc = 64 (O_i alone is 128 registers), two buffers (192 KiB: three do not fit). */
 constexpr int NWARPGROUPS = 2;
 constexpr int NWARPS = 4 * NWARPGROUPS;
 constexpr int WARPGROUP = 4 * WARP_SIZE; /* threads that issue one wgmma together */
 template <int HeadDim>
 struct cfg;
 template <>
-struct cfg<64> { static constexpr int Bc = 128; };  /* O 32 + S 64 + P 32 */
+struct cfg<64> { static constexpr int Bc = 64, STAGES = 3; };   /* O 32 + S 32 + P 16 */
 template <>
-struct cfg<128> { static constexpr int Bc = 128; };  /* O 64 + S 64 + P 32 */
+struct cfg<128> { static constexpr int Bc = 128, STAGES = 3; }; /* O 64 + S 64 + P 32 */
 template <>
-struct cfg<256> { static constexpr int Bc = 64; };  /* O 128 + S 32 + P 16 */
+struct cfg<256> { static constexpr int Bc = 64, STAGES = 2; };  /* O 128 + S 32 + P 16 */
 
 /* Everything derived from the configuration: tile sizes and the shared-memory layout. */
 template <int HeadDim>
 struct tiles {
     typedef cfg<HeadDim> C;
-    static constexpr int Bc = C::Bc;
+    static constexpr int Bc = C::Bc, STAGES = C::STAGES;
     /* the wgmma accumulators give each warp 16 rows of its warpgroup's 64: one m16 row tile */
     static constexpr int M_TILES = 1;
     static constexpr int NTHREADS = NWARPS * WARP_SIZE;
     static constexpr int ROWS_PER_WARP = 16 * M_TILES;
     static constexpr int Br = NWARPS * ROWS_PER_WARP;
-    /* Q_i [Br][HeadDim], then two buffers of K_j [Bc][HeadDim] and V_j [Bc][HeadDim], all 16-bit,
-     * in the 128-byte swizzle (wgmma.cuh): each starts on a 1024-byte atom */
+    /* Q_i [Br][HeadDim], then STAGES buffers of K_j [Bc][HeadDim] and of V_j [Bc][HeadDim], all
+     * 16-bit, in the 128-byte swizzle (wgmma.cuh): each starts on a 1024-byte atom */
     static constexpr size_t Q_i = 0;
     static constexpr size_t K_j = Q_i + 2 * (size_t)Br * HeadDim;
-    static constexpr size_t V_j = K_j + 2 * 2 * (size_t)Bc * HeadDim;
-    static constexpr size_t bytes = V_j + 2 * 2 * (size_t)Bc * HeadDim;
+    static constexpr size_t V_j = K_j + STAGES * 2 * (size_t)Bc * HeadDim;
+    static constexpr size_t bytes = V_j + STAGES * 2 * (size_t)Bc * HeadDim;
     static_assert(Br == NWARPGROUPS * 64, "a warpgroup's rows are one wgmma's M, 64");
     static_assert(HeadDim % 64 == 0, "the 128-byte swizzle takes rows of whole 64-element blocks");
     static_assert(Bc % 16 == 0 && Bc >= 64, "Bc: one wgmma's N, and whole k16 steps of P_ij V_j");
+    static_assert(STAGES == 2 || STAGES == 3, "two buffers, or three to leave P_ij V_j running");
     static_assert(K_j % SW128_ATOM_BYTES == 0 && V_j % SW128_ATOM_BYTES == 0 && 2 * Bc * HeadDim % SW128_ATOM_BYTES == 0,
                   "every tile on a 1024-byte atom");
 };
@@ -99,13 +104,13 @@ stage11_wgmma_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
 {
     typedef tiles<HeadDim> Tiles;
     typedef mma16<T> M;
-    constexpr int NTHREADS = Tiles::NTHREADS, M_TILES = Tiles::M_TILES, Br = Tiles::Br, Bc = Tiles::Bc;
+    constexpr int NTHREADS = Tiles::NTHREADS, M_TILES = Tiles::M_TILES, Br = Tiles::Br, Bc = Tiles::Bc, STAGES = Tiles::STAGES;
     constexpr int KT = Bc / 8;      /* key tiles: n8 tiles of S_ij */
     constexpr int DT = HeadDim / 8; /* dim tiles: n8 column tiles of O_i */
     extern __shared__ __align__(SW128_ATOM_BYTES) unsigned char smem[];
     T *Q_i = (T *)(smem + Tiles::Q_i);
-    T *K_buf = (T *)(smem + Tiles::K_j); /* [2][Bc][HeadDim] */
-    T *V_buf = (T *)(smem + Tiles::V_j); /* [2][Bc][HeadDim] */
+    T *K_buf = (T *)(smem + Tiles::K_j); /* [STAGES][Bc][HeadDim] */
+    T *V_buf = (T *)(smem + Tiles::V_j); /* [STAGES][Bc][HeadDim] */
 
     const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
     const int g = lane >> 2, t = lane & 3;      /* groupID, tid_in_group (see mma.cuh) */
@@ -134,37 +139,48 @@ stage11_wgmma_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
     work_tally<COUNT> tally;
 
     /* Q_i, K_0 and V_0: one cp.async group. */
+    const sw128_tile_loader<T, HeadDim, Bc, NTHREADS> kv_loader;
     load_tile_sw128<T, HeadDim, Br, NTHREADS>(Q_i, Q, q0, N);
-    load_tile_sw128<T, HeadDim, Bc, NTHREADS>(K_buf, K, 0, N);
-    load_tile_sw128<T, HeadDim, Bc, NTHREADS>(V_buf, V, 0, N);
+    kv_loader.load(K_buf, K, 0, N);
+    kv_loader.load(V_buf, V, 0, N);
     cp_async_commit();
 
     /* This lane's rows are row0 + 16 mt + 8 h + g (mt < M_TILES, h = 0, 1). m_i is the running
      * max of the raw scores (not yet scaled); l_i is this lane's part of the row sum (its 2 of
-     * every 8 columns), added across the quad only at the end. */
+     * every 8 columns), added across the quad only at the end. P_ij is the A operand of
+     * O_i += P_ij V_j, packed to 16 bits. */
     float O_acc[M_TILES][DT][4] = {};
     float m_i[M_TILES][2], l_i[M_TILES][2];
 #pragma unroll
     for (int mt = 0; mt < M_TILES; mt++) m_i[mt][0] = m_i[mt][1] = -INFINITY, l_i[mt][0] = l_i[mt][1] = 0.f;
+    uint32_t P_ij[Bc / 16][4];
 
-    for (int j = 0; j < n_tiles; j++) {
+    /* Tile j's K_j, V_j have landed: publish them to every warpgroup's tensor cores, and copy tile
+     * j+1 into buffer (j+1) mod STAGES. The barrier also says every warpgroup is past its wait for
+     * S_{i,j-1}, which (below) retired every wgmma of tile j-2, and with two buffers those of
+     * tile j-1 too: so that buffer is free. */
+    auto next_tile = [&](int j) {
         cp_async_wait<0>();
         fence_proxy_async_smem(); /* this thread's copies, made through the generic proxy, ordered
                                    * before the tensor cores read them through the async proxy */
-        __syncthreads(); /* K_j, V_j (and Q_i) in shared memory; every warpgroup is done with tile
-                          * j-1 (its wgmma waited for), so its buffer is free for tile j+1 */
-        if (j + 1 < n_tiles) { /* tile j+1 copies while tile j computes */
-            const int b = (j + 1) & 1;
-            load_tile_sw128<T, HeadDim, Bc, NTHREADS>(K_buf + b * Bc * HeadDim, K, (j + 1) * Bc, N);
-            load_tile_sw128<T, HeadDim, Bc, NTHREADS>(V_buf + b * Bc * HeadDim, V, (j + 1) * Bc, N);
+        __syncthreads();
+        if (j + 1 < n_tiles) {
+            const int b = (j + 1) % STAGES;
+            kv_loader.load(K_buf + b * Bc * HeadDim, K, (j + 1) * Bc, N);
+            kv_loader.load(V_buf + b * Bc * HeadDim, V, (j + 1) * Bc, N);
         }
         cp_async_commit();
-        const uint64_t K_j = wgmma_desc_step(K_desc, (j & 1) * TILE_BYTES), V_j = wgmma_desc_step(V_desc, (j & 1) * TILE_BYTES);
+    };
 
+    /* S_ij = Q_i K_j^T, masked, through the online softmax into P_ij; O_i rescaled. */
+    auto scores = [&](int j) {
+        const uint64_t K_j = wgmma_desc_step(K_desc, (j % STAGES) * TILE_BYTES);
         const int key0 = j * Bc; /* first key of this tile */
         /* S_ij = Q_i K_j^T (raw: the scale is applied inside the exponential), this warpgroup's
          * 64 rows: one m64nBck16 wgmma per k16 step of the head dim, the first one overwriting
-         * S_ij (accumulate = 0), all in one group. S_ij[0] and O_acc[0]: a warp's one row tile. */
+         * S_ij (accumulate = 0), all in one group. S_ij[0] and O_acc[0]: a warp's one row tile.
+         * With three buffers O_i += P_{i,j-1} V_{j-1} is still running: the tensor cores take
+         * this group right after it, and the wait covers both. */
         float S_ij[M_TILES][KT][4];
         wgmma_fence(); /* S_ij's registers were last written by ordinary instructions (tile j-1) */
 #pragma unroll
@@ -172,8 +188,10 @@ stage11_wgmma_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
             wgmma_ss<T, Bc, 0>(S_ij[0], wgmma_desc_step(Q_desc, sw128_kmajor_step<Br>(k)),
                                wgmma_desc_step(K_j, sw128_kmajor_step<Bc>(k)), k > 0);
         wgmma_commit();
-        wgmma_wait<0>(); /* S_ij in registers */
+        wgmma_wait<0>(); /* S_ij in registers (and O_i += P_{i,j-1} V_{j-1} done) */
         wgmma_hold(S_ij[0]);
+        wgmma_hold(O_acc[0]);
+        wgmma_hold(P_ij);
 
         /* Masks, only on the tiles that need them: the tail tile (keys past N) and, when causal,
          * the tiles that cross the diagonal (some key after some query of this tile). */
@@ -220,10 +238,8 @@ stage11_wgmma_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
                 for (int nt = 0; nt < DT; nt++) O_acc[mt][nt][2 * h] *= alpha, O_acc[mt][nt][2 * h + 1] *= alpha;
                 if (t == 0 && q0 + row0 + mt * 16 + 8 * h + g < N) tally.add(CNT_ROW_CORRECT);
             }
-        /* O_i += P_ij V_j: P_ij packed into 16-bit A fragments (two n8 key tiles' C layout is one
-         * k16 step's A layout, wgmma.cuh), then one m64nDk16 wgmma per k16 step of keys, all in one
-         * group. */
-        uint32_t P_ij[Bc / 16][4];
+        /* P_ij packed into 16-bit A fragments: two n8 key tiles' C layout is one k16 step's A
+         * layout (wgmma.cuh) */
 #pragma unroll
         for (int kb = 0; kb < Bc / 16; kb++) {
             P_ij[kb][0] = M::pack(S_ij[0][2 * kb][0], S_ij[0][2 * kb][1]);
@@ -231,6 +247,19 @@ stage11_wgmma_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
             P_ij[kb][2] = M::pack(S_ij[0][2 * kb + 1][0], S_ij[0][2 * kb + 1][1]);
             P_ij[kb][3] = M::pack(S_ij[0][2 * kb + 1][2], S_ij[0][2 * kb + 1][3]);
         }
+    };
+
+    /* The loop, turned so that O_i += P_ij V_j is issued and left running while the warpgroup
+     * crosses the barrier, issues the next copies and the next S = Q K^T:
+     *   tile 0:          publish, S_i0 -> P_i0
+     *   tile j:          O_i += P_ij V_j (issued) | publish tile j+1, S_{i,j+1} -> P_{i,j+1}
+     * With two buffers (d = 256, where three do not fit) P_ij V_j is waited for at once instead:
+     * the copy of tile j+2 goes into V_j's buffer. */
+    next_tile(0);
+    scores(0);
+    for (int j = 0; j < n_tiles; j++) {
+        /* O_i += P_ij V_j: one m64nDk16 wgmma per k16 step of keys, all in one group */
+        const uint64_t V_j = wgmma_desc_step(V_desc, (j % STAGES) * TILE_BYTES);
         wgmma_hold(O_acc[0]);
         wgmma_hold(P_ij);
         wgmma_fence(); /* O_acc (rescaled) and P_ij were just written by ordinary instructions */
@@ -238,11 +267,18 @@ stage11_wgmma_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
         for (int kb = 0; kb < Bc / 16; kb++)
             wgmma_rs<T, HeadDim, 1>(O_acc[0], P_ij[kb], wgmma_desc_step(V_j, sw128_mnmajor_step(kb)), 1);
         wgmma_commit();
-        wgmma_wait<0>(); /* O_acc updated, and V_j and P_ij read: the next barrier may free V_j's
-                          * buffer, and P_ij's registers may be reused */
-        wgmma_hold(O_acc[0]);
-        wgmma_hold(P_ij);
+        if constexpr (STAGES == 2) {
+            wgmma_wait<0>(); /* O_i updated; V_j and P_ij read */
+            wgmma_hold(O_acc[0]);
+            wgmma_hold(P_ij);
+        }
+        if (j + 1 < n_tiles) {
+            next_tile(j + 1);
+            scores(j + 1);
+        }
     }
+    wgmma_wait<0>(); /* the last O_i += P_ij V_j */
+    wgmma_hold(O_acc[0]);
 
     /* The one normalization, O_i / l_i, and L = scale * m + log(l) in nats. O goes through this
      * warp's own rows of the Q tile in shared memory, then out in 16-byte stores along each row. */

@@ -5,6 +5,8 @@
  * wgmma::sw128_layout          load_tile_sw128 (cp.async) puts element (r, col) where the layout
  *                              drawn in wgmma.cuh says, over 1024-byte atoms and column blocks; rows
  *                              at or past N come back zero over a nonzero pre-fill.
+ * wgmma::sw128_loader_{tail,whole}  the same layout from sw128_tile_loader (addresses worked out
+ *                              once per thread), on a tail tile and on a whole one.
  * wgmma::ss_{f16,bf16}_n64_kmajor     one warpgroup, C = A * B + C0, A (64 x K) and B from shared
  * wgmma::ss_{f16,bf16}_n128_kmajor    memory (the SS form) in the 128-byte swizzle, B K-major (stored
  *                              [N][K], as K_j in S = Q K^T), K / 16 wgmma in one commit group, the
@@ -56,20 +58,29 @@ static void test_require_hopper(void) { test_require_gpu_arch(TEST_WG_ARCH, "wgm
 #define TEST_SW_N 27         /* rows 27 .. 31 are past N: zero-filled */
 #define TEST_SW_FILL 0xA5A5u /* shared memory's pre-fill: a zero must come from zfill */
 
-/* The tile as load_tile_sw128 leaves it in shared memory, copied out raw. */
-static __global__ void test_sw128_kernel(const uint16_t *src, uint16_t *raw)
+/* The tile as load_tile_sw128 (HOISTED = 0) or sw128_tile_loader (1) leaves it in shared memory,
+ * copied out raw. */
+template <int HOISTED>
+static __global__ void test_sw128_kernel(const uint16_t *src, uint16_t *raw, int N)
 {
     extern __shared__ __align__(1024) uint16_t tile[];
     for (int i = threadIdx.x; i < TEST_SW_ROWS * TEST_SW_ELEMS; i += blockDim.x) tile[i] = TEST_SW_FILL;
     __syncthreads(); /* the pre-fill is in place before any cp.async lands on it */
-    load_tile_sw128<__half, TEST_SW_ELEMS, TEST_SW_ROWS, TEST_WG_THREADS>(tile, (const __half *)src, 0, TEST_SW_N);
+    if (HOISTED) {
+        const sw128_tile_loader<__half, TEST_SW_ELEMS, TEST_SW_ROWS, TEST_WG_THREADS> loader;
+        static_assert(decltype(loader)::HOISTED, "the test shape takes the hoisted path");
+        loader.load(tile, (const __half *)src, 0, N);
+    } else {
+        load_tile_sw128<__half, TEST_SW_ELEMS, TEST_SW_ROWS, TEST_WG_THREADS>(tile, (const __half *)src, 0, N);
+    }
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads(); /* every thread's copies in place before any thread reads them */
     for (int i = threadIdx.x; i < TEST_SW_ROWS * TEST_SW_ELEMS; i += blockDim.x) raw[i] = tile[i];
 }
 
-Test(wgmma, sw128_layout)
+/* One of the two loaders, rows at or past N zero-filled, against the layout drawn in wgmma.cuh. */
+static void test_sw128_layout(int hoisted, int N)
 {
     test_require_hopper();
     enum { ELEMS = TEST_SW_ROWS * TEST_SW_ELEMS };
@@ -80,7 +91,7 @@ Test(wgmma, sw128_layout)
     for (int r = 0; r < TEST_SW_ROWS; r++)
         for (int col = 0; col < TEST_SW_ELEMS; col++) {
             int at = (col / 64) * TEST_SW_ROWS * 64 + r * 64 + ((((col % 64) / 8) ^ (r % 8)) * 8) + col % 8;
-            want[at] = r < TEST_SW_N ? src[r * TEST_SW_ELEMS + col] : 0;
+            want[at] = r < N ? src[r * TEST_SW_ELEMS + col] : 0;
         }
 
     uint16_t *dsrc, *draw;
@@ -88,7 +99,10 @@ Test(wgmma, sw128_layout)
     CUDA_CHECK(cudaMalloc(&draw, ELEMS * 2));
     CUDA_CHECK(cudaMemcpy(dsrc, src.data(), ELEMS * 2, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemset(draw, 0x5a, ELEMS * 2));
-    test_sw128_kernel<<<1, TEST_WG_THREADS, ELEMS * 2>>>(dsrc, draw);
+    if (hoisted)
+        test_sw128_kernel<1><<<1, TEST_WG_THREADS, ELEMS * 2>>>(dsrc, draw, N);
+    else
+        test_sw128_kernel<0><<<1, TEST_WG_THREADS, ELEMS * 2>>>(dsrc, draw, N);
     LAUNCH_CHECK();
     CUDA_CHECK(cudaDeviceSynchronize());
     CUDA_CHECK(cudaMemcpy(raw.data(), draw, ELEMS * 2, cudaMemcpyDeviceToHost));
@@ -102,10 +116,16 @@ Test(wgmma, sw128_layout)
             differ++;
         }
     int i = first < 0 ? 0 : first;
-    cr_assert(differ == 0, "load_tile_sw128: shared element %d (block %d, row %d, chunk %d, element %d) holds 0x%04x, "
-              "want 0x%04x; %d of %d differ", i, i / (TEST_SW_ROWS * 64), i % (TEST_SW_ROWS * 64) / 64, i % 64 / 8,
-              i % 8, raw[i], want[i], differ, (int)ELEMS);
+    cr_assert(differ == 0, "%s, N = %d: shared element %d (block %d, row %d, chunk %d, element %d) holds 0x%04x, "
+              "want 0x%04x; %d of %d differ", hoisted ? "sw128_tile_loader" : "load_tile_sw128", N, i,
+              i / (TEST_SW_ROWS * 64), i % (TEST_SW_ROWS * 64) / 64, i % 64 / 8, i % 8, raw[i], want[i], differ,
+              (int)ELEMS);
 }
+
+Test(wgmma, sw128_layout) { test_sw128_layout(0, TEST_SW_N); }
+/* the hoisted copy: a tail tile (rows tested one by one) and a whole one (no test at all) */
+Test(wgmma, sw128_loader_tail) { test_sw128_layout(1, TEST_SW_N); }
+Test(wgmma, sw128_loader_whole) { test_sw128_layout(1, TEST_SW_ROWS); }
 
 /* ---- wgmma against the CPU ---- */
 

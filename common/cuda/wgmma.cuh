@@ -88,6 +88,51 @@ static __device__ __forceinline__ void load_tile_sw128(void *tile, const T *src,
                                                      [](int r, int chunk) { return sw128<ROWS>(r, chunk); });
 }
 
+/* The same copy for a tile loaded again and again (stage 11's K_j and V_j), each thread's addresses
+ * worked out once, as swizzled_tile_loader (swizzle.cuh) does for stage 9's layout: thread tid
+ * copies logical chunk tid mod CHUNKS of rows tid / CHUNKS + k ROW_STEP. ROW_STEP being whole
+ * 8-row atoms, the k-th copy lands ROW_STEP rows of 128 bytes further down the same column block,
+ * a compile-time offset in shared memory as in HBM. Where the block's threads do not divide the
+ * tile that way, the copy falls back to load_tile_sw128. */
+template <typename T, int ROW_ELEMS, int ROWS, int NTHREADS>
+struct sw128_tile_loader {
+    static constexpr int CHUNKS = ROW_ELEMS / 8, ROW_STEP = NTHREADS / CHUNKS, COPIES = ROWS / (ROW_STEP > 0 ? ROW_STEP : 1);
+    static constexpr bool HOISTED = NTHREADS % CHUNKS == 0 && ROW_STEP > 0 && ROWS % ROW_STEP == 0 && ROW_STEP % 8 == 0;
+    static_assert(sizeof(T) == 2 && ROW_ELEMS % 64 == 0 && ROWS % 8 == 0, "whole 8 x 64 atoms of 16-bit elements");
+    int row;  /* this thread's first row in the tile */
+    int from; /* its first element in the tile's rows of the source: row * ROW_ELEMS + chunk * 8 */
+    int to;   /* its first element in the swizzled tile */
+    __device__ __forceinline__ sw128_tile_loader()
+    {
+        const int chunk = threadIdx.x % CHUNKS;
+        row = threadIdx.x / CHUNKS;
+        from = row * ROW_ELEMS + chunk * 8;
+        to = sw128<ROWS>(row, chunk);
+    }
+    /* Rows row0 .. row0+ROWS-1 of one head's [N, ROW_ELEMS] matrix `src` into `tile`, as
+     * load_tile_sw128: rows at or past N are zero-filled, and never read from HBM. */
+    __device__ __forceinline__ void load(void *tile, const T *src, int row0, int N) const
+    {
+        if constexpr (!HOISTED) {
+            load_tile_sw128<T, ROW_ELEMS, ROWS, NTHREADS>(tile, src, row0, N);
+        } else {
+            T *dst = (T *)tile + to;
+            if (row0 + ROWS <= N) { /* the whole tile lies before N (the same branch for every thread) */
+                const T *at = src + (size_t)row0 * ROW_ELEMS + from;
+#pragma unroll
+                for (int k = 0; k < COPIES; k++) cp_async_16(dst + k * ROW_STEP * 64, at + k * ROW_STEP * ROW_ELEMS);
+            } else {
+#pragma unroll
+                for (int k = 0; k < COPIES; k++) {
+                    const bool valid = row0 + row + k * ROW_STEP < N;
+                    const size_t at = valid ? (size_t)row0 * ROW_ELEMS + from + k * ROW_STEP * ROW_ELEMS : 0;
+                    cp_async_16_zfill(dst + k * ROW_STEP * 64, src + at, valid);
+                }
+            }
+        }
+    }
+};
+
 /* ---- the shared-memory matrix descriptor ----
  *
  * 64 bits that tell wgmma where an operand lies and how (PTX ISA, "Matrix Descriptor Format"):
