@@ -13,7 +13,8 @@
  *   3. stage10_convert_kernel: dQ from the fp32 accumulator to the input dtype.
  *   With --deterministic the dK/dV kernel skips dQ and stage10_dq_kernel computes it instead,
  *   parallel over Q tiles with dQ_i in registers: no atomics, the same bits on every run, at the
- *   price of recomputing S and dP once more.
+ *   price of recomputing S and dP once more. Its three products all have queries for rows, so it
+ *   is laid out and engineered as stage 9's forward (a warp owns whole rows, end to end).
  * Why this shape: dK_j and dV_j sum over every query, dQ_i over every key; a block can own one of
  *   the two sums and must share the other. FA-2 owns dK, dV (two accumulators on chip) and adds
  *   dQ into HBM. P is recomputed from Q, K and L rather than stored: storing it is N^2 per head,
@@ -76,12 +77,37 @@ struct kv_cfg<128> { static constexpr int Br = 64, Bc = 128, KEYS_PER_WARP_A = 3
 template <>
 struct kv_cfg<256> { static constexpr int Br = 64, Bc = 64, KEYS_PER_WARP_A = 32, UNROLL_A = 4; };
 
-/* The dQ kernel (--deterministic): DQ_WARPS warps of 16 queries (a Q tile of Br), sweeping K/V in
- * tiles of Bc keys. A warp holds dQ_i for its 16 rows (d/2 fp32 per thread) beside S and dP for
- * Bc keys (Bc/4 each): at d = 256 that is 128 + 32 + 32 with Bc = 64, so Bc = 32 there. */
-constexpr int DQ_WARPS = 4, DQ_THREADS = DQ_WARPS * WARP_SIZE;
+/* The dQ kernel (--deterministic). Per K/V tile it computes S = Q_i K_j^T, dP = dO_i V_j^T,
+ * dS = P * (dP - D) and dQ_i += dS K_j: three products whose rows are all the Q tile's queries,
+ * like the forward's two. So it is laid out as stage 9's forward, not as the dK/dV kernel: a warp
+ * owns 16 M_TILES whole rows end to end, S, dP and dS stay in its registers (dS becomes the A
+ * operand of dS K_j as P does of P V_j in stage 9), and each K or V fragment it loads serves its
+ * M_TILES row tiles. The dK/dV kernel works in phases because it holds two accumulators (dK_j,
+ * dV_j: too many registers for warps of 32 whole key rows) and because its third product, dQ, has
+ * queries for rows where the other four have keys; the dQ kernel has one accumulator and every
+ * product has queries for rows. Per warp and sub-tile, mma per ldmatrix.x4: 3.0 at d = 32 and 64,
+ * 2.4 at d = 128, 1.5 at d = 256 (the version with one row tile per warp that this replaces: 1.7,
+ * 1.7, 1.7, 1.5). The dK/dV layout mirrored onto dQ (eight warps splitting S and dP, dS through
+ * shared memory, dQ split by columns) would get 2.0, 2.4, 2.2 and 1.6 and add dS's stores and a
+ * second barrier to every step; the dK/dV kernel itself gets 2.2 at d = 64 and 128.
+ * Per d (dq_cfg): a thread holds dQ_i, 16 M_TILES x d / 32 fp32, beside S and dP for a sub-tile
+ * of Bs keys, 16 M_TILES x Bs / 32 each (192 registers at d = 64 and 128, as many as the dK/dV
+ * kernel's accumulators; no spills: 236, 255, 253, 238 registers on sm_90); Bc keys per K/V tile,
+ * worked through Bs at a time as in stage 9. Shared memory (dq_smem_layout): 49, 97, 97 and
+ * 193 KiB at d = 32, 64, 128, 256, so two blocks of four warps share an SM at d <= 128 (which is
+ * why Bc = 32 at d = 128, where Q_i and dO_i take 64 KiB). At d = 256 dQ_i alone is 128 registers
+ * for 16 rows, so a warp owns one row tile and eight warps make Br = 128; like the dK/dV kernel
+ * there, it needs an H100 or H200's 227 KiB per block. */
 template <int HeadDim>
-struct dq_cfg { static constexpr int Br = DQ_WARPS * 16, Bc = HeadDim > 128 ? 32 : 64; };
+struct dq_cfg;
+template <>
+struct dq_cfg<32> { static constexpr int WARPS = 4, M_TILES = 2, Bc = 128, Bs = 64; };  /* dQ 32 + S, dP 128 */
+template <>
+struct dq_cfg<64> { static constexpr int WARPS = 4, M_TILES = 2, Bc = 128, Bs = 64; };  /* dQ 64 + S, dP 128 */
+template <>
+struct dq_cfg<128> { static constexpr int WARPS = 4, M_TILES = 2, Bc = 32, Bs = 32; };  /* dQ 128 + S, dP 64 */
+template <>
+struct dq_cfg<256> { static constexpr int WARPS = 8, M_TILES = 1, Bc = 32, Bs = 32; };  /* dQ 128 + S, dP 32 */
 
 /* Shared memory of the dK/dV kernel: K_j, V_j [Bc][HeadDim]; Q_i, dO_i [2][Br][HeadDim]
  * (double-buffered); P^T, dS^T [Bc][Br] (16-bit); L_i, D_i [2][Br]. Tiles are swizzled
@@ -99,15 +125,20 @@ struct kv_smem_layout {
     static constexpr size_t D_i = L_i + sizeof(float) * 2 * Br;
     static constexpr size_t bytes = D_i + sizeof(float) * 2 * Br;
 };
-/* ... and of the dQ kernel: Q_i, dO_i [Br][HeadDim], K_j, V_j [Bc][HeadDim]. */
+/* ... and of the dQ kernel: Q_i, dO_i [Br][HeadDim] (loaded once), then K_j [2][Bc][HeadDim] and
+ * V_j [2][Bc][HeadDim] (double-buffered), then L_i, D_i [Br] (fp32, loaded once). */
 template <int HeadDim>
 struct dq_smem_layout {
-    static constexpr int Br = dq_cfg<HeadDim>::Br, Bc = dq_cfg<HeadDim>::Bc;
+    typedef dq_cfg<HeadDim> C;
+    static constexpr int THREADS = C::WARPS * WARP_SIZE;
+    static constexpr int Br = C::WARPS * 16 * C::M_TILES, Bc = C::Bc;
     static constexpr size_t Q_i = 0;
     static constexpr size_t dO_i = Q_i + 2 * (size_t)Br * HeadDim;
     static constexpr size_t K_j = dO_i + 2 * (size_t)Br * HeadDim;
-    static constexpr size_t V_j = K_j + 2 * (size_t)Bc * HeadDim;
-    static constexpr size_t bytes = V_j + 2 * (size_t)Bc * HeadDim;
+    static constexpr size_t V_j = K_j + 2 * 2 * (size_t)Bc * HeadDim;
+    static constexpr size_t L_i = V_j + 2 * 2 * (size_t)Bc * HeadDim;
+    static constexpr size_t D_i = L_i + sizeof(float) * Br;
+    static constexpr size_t bytes = D_i + sizeof(float) * Br;
 };
 
 /* ---- kernels ---- */
@@ -447,100 +478,205 @@ stage10_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *_
         }
 }
 
-/* --deterministic: dQ_i for one Q tile, each warp its 16 rows, summed over the K/V tiles in order in
- * registers. Recomputes S = Q K^T and dP = dO V^T (the dK/dV kernel's are gone by now). */
+/* --deterministic: dQ_i for one Q tile, summed over the K/V tiles in order in registers, each warp
+ * its own 16 M_TILES rows. It recomputes S and dP (the dK/dV kernel's are gone by now) and writes
+ * dQ in the input dtype: no fp32 accumulator in HBM, no atomics, the same bits on every run. The
+ * engineering is stage 9's forward's: K_j, V_j double-buffered by cp.async (with the tile loader's
+ * per-thread addresses computed once), each lane's ldmatrix addresses computed once and stepped
+ * by constants, masks only on the warps and sub-tiles that need them, the rows out through shared
+ * memory in 16-byte stores. */
 template <typename T, int HeadDim>
-__global__ void __launch_bounds__(DQ_THREADS)
+__global__ void __launch_bounds__(dq_smem_layout<HeadDim>::THREADS)
 stage10_dq_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__restrict__ V,
                  const T *__restrict__ dO, const float *__restrict__ L2, const float *__restrict__ Dsum,
                  T *__restrict__ dQ, int N, int causal, float scale)
 {
     typedef dq_smem_layout<HeadDim> Smem;
     typedef mma16<T> M;
-    constexpr int Br = Smem::Br, Bc = Smem::Bc; /* queries per Q tile, keys per K/V tile */
+    constexpr int THREADS = Smem::THREADS, Br = Smem::Br, Bc = Smem::Bc; /* queries per Q tile, keys per K/V tile */
+    constexpr int M_TILES = dq_cfg<HeadDim>::M_TILES, Bs = dq_cfg<HeadDim>::Bs;
+    constexpr int ROWS_PER_WARP = 16 * M_TILES;
+    constexpr int KT = Bs / 8;      /* key tiles: n8 tiles of S, dP in a sub-tile of Bs keys */
+    constexpr int DT = HeadDim / 8; /* dim tiles: n8 column tiles of dQ_i */
+    static_assert(Bs % 16 == 0 && Bc % Bs == 0, "sub-tiles are whole k16 steps of dS K_j and divide Bc");
     extern __shared__ __align__(128) unsigned char smem[];
+    /* the tiles hold T; ldmatrix and cp.async only move 16-bit patterns, so they are addressed as __half */
     __half *Q_i = (__half *)(smem + Smem::Q_i), *dO_i = (__half *)(smem + Smem::dO_i);
-    __half *K_j = (__half *)(smem + Smem::K_j), *V_j = (__half *)(smem + Smem::V_j);
+    __half *K_buf = (__half *)(smem + Smem::K_j), *V_buf = (__half *)(smem + Smem::V_j); /* [2][Bc][HeadDim] */
 
     const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
     const int g = lane >> 2, t = lane & 3;
-    const int i = blockIdx.x;
+    /* causal: the last Q tile sees the most K/V tiles, so it goes first and the short ones fill in */
+    const int i = causal ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
     const size_t bh = blockIdx.y, head = bh * N * HeadDim;
-    const int q_w = warp * 16;
+    const int q0 = i * Br, row0 = warp * ROWS_PER_WARP; /* the tile's first query; this warp's first row in it */
+    const int q_w = q0 + row0;                          /* this warp's first query */
     const float scale_log2 = scale * LOG2E;
+    /* K/V tiles this Q tile sees: all, or (causal) up to the one holding its last query */
     const int Tc = CEIL_DIV(N, Bc);
-    const int j_end = causal ? min(Tc, (min((i + 1) * Br, N) - 1) / Bc + 1) : Tc;
+    const int n_tiles = causal ? min(Tc, (min(q0 + Br, N) - 1) / Bc + 1) : Tc;
+    /* keys this warp sees: none if its rows are all past N; with a causal mask none after its last query */
+    const int keys_end = q_w >= N ? 0 : causal ? min(N, q_w + ROWS_PER_WARP) : N;
 
-    load_tile_swizzled<T, HeadDim, Br, DQ_THREADS>(Q_i, Q + head, i * Br, N);
-    load_tile_swizzled<T, HeadDim, Br, DQ_THREADS>(dO_i, dO + head, i * Br, N);
-    /* this lane's two rows: L (log2 units) and D; a row past N has dO = 0, so its dS is 0 */
-    float L_r[2], D_r[2];
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int q = i * Br + q_w + g + 8 * h;
-        L_r[h] = q < N ? L2[bh * N + q] : 0.f;
-        D_r[h] = q < N ? Dsum[bh * N + q] : 0.f;
+    /* This lane's ldmatrix addresses (32-bit shared), computed once, as in stage 9: every other
+     * fragment is a compile-time swizzle_step from one of them. dO_i lies a fixed distance after
+     * Q_i and V_j after K_j, so one address serves both tiles of a pair; the K/V buffer in use adds
+     * b * KV_BUF once per step and the sub-tile its rows once per sub-tile. */
+    const unsigned smem_s = (unsigned)__cvta_generic_to_shared(smem);
+    constexpr unsigned dO_OFF = Smem::dO_i - Smem::Q_i, V_OFF = Smem::V_j - Smem::K_j;
+    constexpr unsigned KV_BUF = 2 * Bc * HeadDim; /* bytes of one K_j (or V_j) buffer */
+    /* S, dP: Q_i (dO_i) rows row0.. as A fragments; K_j (V_j) rows as B fragments (the tile holds B^T) */
+    const unsigned Q_A = swizzle_addr<HeadDim>(smem_s + Smem::Q_i, row0 + a_order_row(lane), a_order_chunk(lane));
+    const unsigned K_B = swizzle_addr<HeadDim>(smem_s + Smem::K_j, b_order_row(lane), b_order_chunk(lane));
+    /* dQ_i += dS K_j: K_j's rows are the k of this product, read .trans as B fragments */
+    const unsigned K_C = swizzle_addr<HeadDim>(smem_s + Smem::K_j, a_order_row(lane), a_order_chunk(lane));
+
+    /* Q_i and dO_i once, K_0 and V_0 into buffer 0: one cp.async group. Rows past N read as zeros:
+     * a query past N has Q = dO = 0 and L = D = 0 below, so P = 1 but dP = 0 and dS = 0, and its dQ
+     * row is never written; a key past N is masked. K_j and V_j are loaded on every step, so each
+     * thread's addresses for them are worked out once (swizzled_tile_loader). */
+    const swizzled_tile_loader<T, HeadDim, Bc, THREADS> kv_loader;
+    load_tile_swizzled<T, HeadDim, Br, THREADS>(Q_i, Q + head, q0, N);
+    load_tile_swizzled<T, HeadDim, Br, THREADS>(dO_i, dO + head, q0, N);
+    kv_loader.load(K_buf, K + head, 0, N);
+    kv_loader.load(V_buf, V + head, 0, N);
+    cp_async_commit();
+
+    /* L_i (log2 units) and D_i of the Q tile, once: in shared memory rather than 4 M_TILES registers
+     * per thread, which at d = 64 on sm_80 were the difference between spilling and not. Rows past N
+     * get L = D = 0. (Visible to every warp after the first barrier below.) */
+    float *L_s = (float *)(smem + Smem::L_i), *D_s = (float *)(smem + Smem::D_i);
+    for (int r = tid; r < Br; r += THREADS) {
+        L_s[r] = q0 + r < N ? L2[bh * N + q0 + r] : 0.f;
+        D_s[r] = q0 + r < N ? Dsum[bh * N + q0 + r] : 0.f;
     }
-    float dQ_acc[HeadDim / 8][4] = {};
+    float dQ_acc[M_TILES][DT][4] = {};
 
-    for (int j = 0; j < j_end; j++) {
-        __syncthreads(); /* every warp is done with K_{j-1}, V_{j-1} */
-        load_tile_swizzled<T, HeadDim, Bc, DQ_THREADS>(K_j, K + head, j * Bc, N);
-        load_tile_swizzled<T, HeadDim, Bc, DQ_THREADS>(V_j, V + head, j * Bc, N);
-        cp_async_commit();
-        cp_async_wait<0>();
-        __syncthreads(); /* K_j, V_j (and Q_i, dO_i on the first step) in shared memory */
-
-        float S[Bc / 8][4] = {}, dP[Bc / 8][4] = {};
+    /* C[mt][..] += A B^T over the head dim for this warp's rows and a sub-tile of Bs keys: A rows
+     * from A_at (Q_i or dO_i), B^T rows from B_at (K_j or V_j). Each B fragment serves M_TILES mma
+     * pairs. */
+    auto product = [&](float C[M_TILES][KT][4], unsigned A_at, unsigned B_at) {
 #pragma unroll
         for (int k = 0; k < HeadDim; k += 16) {
-            uint32_t Qf[4], dOf[4];
-            frag_A<HeadDim>(Qf, Q_i, q_w, k);
-            frag_A<HeadDim>(dOf, dO_i, q_w, k);
+            uint32_t Af[M_TILES][4];
 #pragma unroll
-            for (int kb = 0; kb < Bc / 16; kb++) {
-                uint32_t Kf[4], Vf[4];
-                frag_Bt<HeadDim>(Kf, K_j, kb * 16, k);
-                frag_Bt<HeadDim>(Vf, V_j, kb * 16, k);
-                M::mma(S[2 * kb], Qf, &Kf[0]);
-                M::mma(S[2 * kb + 1], Qf, &Kf[2]);
-                M::mma(dP[2 * kb], dOf, &Vf[0]);
-                M::mma(dP[2 * kb + 1], dOf, &Vf[2]);
+            for (int mt = 0; mt < M_TILES; mt++) ldmatrix_x4_at(Af[mt], swizzle_step<HeadDim>(A_at, 16 * mt, k / 8));
+#pragma unroll
+            for (int kb = 0; kb < Bs / 16; kb++) {
+                uint32_t Bf[4]; /* Bf[0..1] keys 16 kb .. +7, Bf[2..3] keys 16 kb + 8 .. +15 */
+                ldmatrix_x4_at(Bf, swizzle_step<HeadDim>(B_at, 16 * kb, k / 8));
+#pragma unroll
+                for (int mt = 0; mt < M_TILES; mt++) {
+                    M::mma(C[mt][2 * kb], Af[mt], &Bf[0]);
+                    M::mma(C[mt][2 * kb + 1], Af[mt], &Bf[2]);
+                }
             }
         }
-        /* dS = P * (dP - D), P = exp2(scale log2e S - L log2e), masked to 0 */
-        const bool need_mask = (j + 1) * Bc > N || (causal && (j + 1) * Bc - 1 > i * Br);
+    };
+
+    for (int j = 0, b = 0; j < n_tiles; j++, b ^= 1) {
+        cp_async_wait<0>();
+        __syncthreads(); /* K_j, V_j in buffer b (and Q_i, dO_i); every warp is done with step j-1, so
+                          * buffer b^1 is free */
+        if (j + 1 < n_tiles) { /* tile j+1 copies while tile j computes */
+            kv_loader.load(K_buf + (b ^ 1) * Bc * HeadDim, K + head, (j + 1) * Bc, N);
+            kv_loader.load(V_buf + (b ^ 1) * Bc * HeadDim, V + head, (j + 1) * Bc, N);
+        }
+        cp_async_commit();
+
+        /* the tile in sub-tiles of Bs keys, each start to finish (only one sub-tile's S and dP are
+         * live at a time); not unrolled, so the compiler cannot overlap two and run out of registers */
+#pragma unroll 1
+        for (int sb = 0; sb < Bc; sb += Bs) {
+            const int key0 = j * Bc + sb; /* this sub-tile's first key */
+            if (key0 >= keys_end) break;  /* this warp's queries see none of the rest (same for its lanes) */
+            const unsigned K_s = K_B + b * KV_BUF + sb * 2 * HeadDim; /* this sub-tile's rows of buffer b */
+
+            /* S = Q_i K_j^T and dP = dO_i V_j^T (raw: the scale is folded into the exponential) */
+            float S[M_TILES][KT][4] = {}, dP[M_TILES][KT][4] = {};
+            product(S, Q_A, K_s);
+            product(dP, Q_A + dO_OFF, K_s + V_OFF);
+
+            /* Masks, only where needed: S = -inf (so P = 0) where the key is past N or, causal, after
+             * the query. C layout: S[mt][nt][c] is query q_w + 16 mt + g + 8 (c >> 1), key
+             * key0 + 8 nt + 2t + (c & 1). Each of this lane's rows gets, once, the first key offset
+             * 8 nt + (c & 1) it drops; then a score costs one compare with a constant. */
+            if (key0 + Bs > N || (causal && key0 + Bs - 1 > q_w)) {
 #pragma unroll
-        for (int nt = 0; nt < Bc / 8; nt++)
+                for (int mt = 0; mt < M_TILES; mt++)
 #pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const int h = c >> 1, key = j * Bc + nt * 8 + 2 * t + (c & 1), q = i * Br + q_w + g + 8 * h;
-                float p = exp2_approx(fmaf(S[nt][c], scale_log2, -L_r[h]));
-                if (need_mask && (key >= N || (causal && key > q))) p = 0.f;
-                S[nt][c] = p * (dP[nt][c] - D_r[h]);
+                    for (int h = 0; h < 2; h++) {
+                        const int query = q_w + 16 * mt + 8 * h + g;
+                        const int drop = (causal ? min(N, query + 1) : N) - (key0 + 2 * t);
+#pragma unroll
+                        for (int nt = 0; nt < KT; nt++)
+#pragma unroll
+                            for (int e = 0; e < 2; e++)
+                                if (8 * nt + e >= drop) S[mt][nt][2 * h + e] = -INFINITY;
+                    }
             }
-        /* dQ_i += dS K_j */
+            /* dS = P (dP - D), P = exp2(scale log2e S - L log2e), into S's registers; each of this
+             * lane's rows reads its L and D once. A masked score gives exp2(-inf) = 0 and dS = 0 (L is
+             * finite on every row: a row past N has L = 0). */
 #pragma unroll
-        for (int kb = 0; kb < Bc / 16; kb++) {
-            uint32_t dSa[4];
-            pack_A<T>(dSa, S[2 * kb], S[2 * kb + 1]);
+            for (int mt = 0; mt < M_TILES; mt++)
 #pragma unroll
-            for (int n = 0; n < HeadDim; n += 16) {
-                uint32_t Kf[4];
-                frag_B<HeadDim>(Kf, K_j, kb * 16, n);
-                M::mma(dQ_acc[n / 8], dSa, &Kf[0]);
-                M::mma(dQ_acc[n / 8 + 1], dSa, &Kf[2]);
+                for (int h = 0; h < 2; h++) {
+                    const int r = row0 + 16 * mt + 8 * h + g;
+                    const float L_r = L_s[r], D_r = D_s[r];
+#pragma unroll
+                    for (int nt = 0; nt < KT; nt++)
+#pragma unroll
+                        for (int e = 0; e < 2; e++) {
+                            const int c = 2 * h + e;
+                            S[mt][nt][c] = exp2_approx(fmaf(S[mt][nt][c], scale_log2, -L_r)) * (dP[mt][nt][c] - D_r);
+                        }
+                }
+
+            /* dQ_i += dS K_j, one k16 step of keys at a time: dS packed into 16-bit A fragments just
+             * before its step (two n8 tiles' C layout is one k16 tile's A layout); each K fragment
+             * serves this warp's M_TILES row tiles */
+            const unsigned Kt_s = K_C + b * KV_BUF + sb * 2 * HeadDim;
+#pragma unroll
+            for (int kb = 0; kb < Bs / 16; kb++) {
+                uint32_t dSa[M_TILES][4];
+#pragma unroll
+                for (int mt = 0; mt < M_TILES; mt++) pack_A<T>(dSa[mt], S[mt][2 * kb], S[mt][2 * kb + 1]);
+#pragma unroll
+                for (int n = 0; n < HeadDim; n += 16) {
+                    uint32_t Kf[4]; /* Kf[0..1] columns n .. n+7, Kf[2..3] columns n+8 .. n+15 */
+                    ldmatrix_x4_trans_at(Kf, swizzle_step<HeadDim>(Kt_s, 16 * kb, n / 8));
+#pragma unroll
+                    for (int mt = 0; mt < M_TILES; mt++) {
+                        M::mma(dQ_acc[mt][n / 8], dSa[mt], &Kf[0]);
+                        M::mma(dQ_acc[mt][n / 8 + 1], dSa[mt], &Kf[2]);
+                    }
+                }
             }
         }
     }
+
+    /* dQ_i = scale dS K, in the input dtype. It goes through this warp's own rows of Q_i in shared
+     * memory (no other warp reads them), then out in 16-byte stores along each row, as stage 9's O. */
+    __syncwarp(); /* every lane of this warp is past its last ldmatrix of these rows */
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int q = i * Br + q_w + g + 8 * h;
-        if (q >= N) continue;
+    for (int mt = 0; mt < M_TILES; mt++)
 #pragma unroll
-        for (int nt = 0; nt < HeadDim / 8; nt++)
-            *(uint32_t *)&dQ[head + (size_t)q * HeadDim + nt * 8 + 2 * t] =
-                M::pack(scale * dQ_acc[nt][2 * h], scale * dQ_acc[nt][2 * h + 1]);
+        for (int h = 0; h < 2; h++) {
+            const int r = row0 + 16 * mt + 8 * h + g;
+#pragma unroll
+            for (int nt = 0; nt < DT; nt++)
+                *(uint32_t *)&Q_i[swizzle<HeadDim>(r, nt) + 2 * t] =
+                    M::pack(scale * dQ_acc[mt][nt][2 * h], scale * dQ_acc[mt][nt][2 * h + 1]);
+        }
+    __syncwarp(); /* this warp's dQ rows in shared memory before its lanes copy them out */
+    constexpr int CHUNKS = HeadDim / 8;
+    T *dQ_w = dQ + head + (size_t)q_w * HeadDim; /* this warp's first row */
+#pragma unroll
+    for (int c = lane; c < ROWS_PER_WARP * CHUNKS; c += WARP_SIZE) {
+        const int r = c / CHUNKS, chunk = c % CHUNKS;
+        if (q_w + r < N)
+            *(uint4 *)&dQ_w[r * HeadDim + chunk * 8] = *(const uint4 *)&Q_i[swizzle<HeadDim>(row0 + r, chunk)];
     }
 }
 
@@ -590,8 +726,8 @@ int launch(const struct attn_args *a, char *why, size_t n)
         Q, K, V, dO, L2, Dsum, (T *)a->dK, (T *)a->dV, dQ_acc, sh->N, sh->causal, sh->scale, !a->deterministic);
     CUDA_TRY(cudaGetLastError());
     if (a->deterministic) {
-        const dim3 dq_grid(CEIL_DIV(sh->N, dq_cfg<HeadDim>::Br), (unsigned)bh);
-        stage10_dq_kernel<T, HeadDim><<<dq_grid, DQ_THREADS, dq_smem>>>(
+        typedef dq_smem_layout<HeadDim> Dq;
+        stage10_dq_kernel<T, HeadDim><<<dim3(CEIL_DIV(sh->N, Dq::Br), (unsigned)bh), Dq::THREADS, dq_smem>>>(
             Q, K, V, dO, L2, Dsum, (T *)a->dQ, sh->N, sh->causal, sh->scale);
     } else {
         stage10_convert_kernel<T><<<(unsigned)std::min<size_t>(CEIL_DIV(elems / 8, 256), 65535), 256>>>(
