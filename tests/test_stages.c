@@ -8,15 +8,30 @@
  * stages::one_head    B = H = 1, one long sequence with a tail, and N = 1: every stage.
  * A GPU case skips with a one-line reason where there is no CUDA device, or where the stage is
  * built for another architecture than the device's (the Hopper stages, sm_90a).
+ * The cases carry no stage in their names (Criterion names a parameterized test once), so --filter
+ * cannot pick a stage: TEST_STAGES="stage11 stage12" in the environment keeps those stages' cases
+ * alone (a quick run after a change to one stage); unset, every stage runs.
  */
 #include "common_test.h"
 #include <stdlib.h>
+#include <string.h>
 
 static const int test_grid_N[] = {1, 2, 17, 64, 100, 257, 1000}; /* 1, tails of every tile size, > one tile */
 static const int test_grid_d[] = {16, 32, 64, 128, 256};
 static const enum dtype test_dtypes[] = {DT_F32, DT_F16, DT_BF16};
 #define TEST_GRID_B 2
 #define TEST_GRID_H 3
+
+/* Is st named in TEST_STAGES (names separated by spaces or commas), or is TEST_STAGES unset? */
+static int test_stage_selected(const struct stage *st)
+{
+    const char *only = getenv("TEST_STAGES");
+    if (!only || !*only) return 1;
+    const size_t len = strlen(st->name);
+    for (const char *p = only; (p = strstr(p, st->name)) != NULL; p += len)
+        if ((p == only || p[-1] == ' ' || p[-1] == ',') && (p[len] == 0 || p[len] == ' ' || p[len] == ',')) return 1;
+    return 0;
+}
 
 /* Runs tc's stage and its reference on the same seeded inputs (exact in the stage's dtype, so
  * stage 1 in fp32 sees the very same numbers) and asserts O and L, one assert each. */
@@ -71,7 +86,8 @@ ParameterizedTestParameters(stages, vs_stage1)
     struct test_case *p = cr_malloc(max * sizeof *p);
     size_t count = 0;
     char why[256];
-    for (int s = 0; s < n_all_stages; s++)
+    for (int s = 0; s < n_all_stages; s++) {
+        if (!test_stage_selected(all_stages[s])) continue;
         for (size_t t = 0; t < TEST_COUNT(test_dtypes); t++)
             for (size_t dj = 0; dj < TEST_COUNT(test_grid_d); dj++)
                 for (size_t nj = 0; nj < TEST_COUNT(test_grid_N); nj++)
@@ -81,6 +97,7 @@ ParameterizedTestParameters(stages, vs_stage1)
                         if (!stage_supports(all_stages[s], &sh, test_dtypes[t], why, sizeof why)) continue;
                         p[count++] = (struct test_case){.stage = s, .sh = sh, .dtype = test_dtypes[t], .amplitude = 1};
                     }
+    }
     return cr_make_param_array(struct test_case, p, count, test_free_params);
 }
 
@@ -106,7 +123,7 @@ ParameterizedTestParameters(stages, x50)
     char why[256];
     for (int s = 0; s < n_all_stages; s++) {
         const struct stage *st = all_stages[s];
-        if (st != &stage1_desc && test_stage_number(st) < 3) continue;
+        if ((st != &stage1_desc && test_stage_number(st) < 3) || !test_stage_selected(st)) continue;
         for (size_t t = 0; t < TEST_COUNT(test_dtypes); t++)
             for (size_t j = 0; j < TEST_COUNT(test_x50_shapes); j++) {
                 struct shape sh = test_shape(TEST_GRID_B, TEST_GRID_H, test_x50_shapes[j].N, test_x50_shapes[j].d,
@@ -133,7 +150,8 @@ ParameterizedTestParameters(stages, one_head)
     struct test_case *p = cr_malloc(max * sizeof *p);
     size_t count = 0;
     char why[256];
-    for (int s = 0; s < n_all_stages; s++)
+    for (int s = 0; s < n_all_stages; s++) {
+        if (!test_stage_selected(all_stages[s])) continue;
         for (size_t t = 0; t < TEST_COUNT(test_dtypes); t++)
             for (size_t j = 0; j < TEST_COUNT(test_one_head_shapes); j++) {
                 struct shape sh = test_shape(1, 1, test_one_head_shapes[j].N, test_one_head_shapes[j].d,
@@ -141,6 +159,7 @@ ParameterizedTestParameters(stages, one_head)
                 if (!stage_supports(all_stages[s], &sh, test_dtypes[t], why, sizeof why)) continue;
                 p[count++] = (struct test_case){.stage = s, .sh = sh, .dtype = test_dtypes[t], .amplitude = 1.0f};
             }
+    }
     return cr_make_param_array(struct test_case, p, count, test_free_params);
 }
 
