@@ -118,8 +118,8 @@ static void download(float *x, const struct dbuf *b, size_t n, enum dtype dt)
 static void problem_init(struct gpu_problem *g, const struct stage *st, const struct shape *sh, enum dtype dt,
                          const float *Q, const float *K, const float *V)
 {
-    size_t n = shape_elems(sh), rows = shape_rows(sh);
-    g->Q = upload(Q, n, dt), g->K = upload(K, n, dt), g->V = upload(V, n, dt);
+    size_t n = shape_elems(sh), rows = shape_rows(sh), nkv = shape_kv_elems(sh); /* K, V: [B, H_kv, N_kv, d] */
+    g->Q = upload(Q, n, dt), g->K = upload(K, nkv, dt), g->V = upload(V, nkv, dt);
     g->O = dbuf_alloc(n * dtype_size(dt));
     g->L = dbuf_alloc(rows * sizeof(float));
     g->work = dbuf_alloc(st->workspace_bytes ? st->workspace_bytes(sh) : 0);
