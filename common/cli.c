@@ -123,7 +123,7 @@ static void usage(const struct stage *st, const struct opts *def, FILE *f)
         fprintf(f, "  --splits S         cut each KV head's keys into S slices, merged by their logsumexp\n"
                    "                     (1 to %d; default: the stage's rule, from the shape and the SM count)\n",
                 MAX_SPLITS);
-    if (stage_takes(st, GPU_STAGE)) fprintf(f, "  --flush-l2         overwrite the L2 cache before every timed run\n");
+    if (stage_takes(st, GPU_STAGE)) fprintf(f, "  --flush-l2         empty the L2 cache (read a buffer twice its size) before every timed run\n");
     if (stage_takes(st, GPU_FORWARD))
         fprintf(f, "  --counters         run the kernel's counting build once more and print the work on O\n"
                    "                     it counted, beside the HBM bytes its loop structure moves\n");

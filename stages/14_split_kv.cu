@@ -61,8 +61,11 @@ constexpr int NWARPS = 4;
  * share of HBM's bytes in flight (Little's law: ~4.5 TB/s x ~1 us / 132 SMs ~ 35 KiB); and it fits
  * the 99 KiB of consumer GPUs. */
 constexpr int STAGES = 3;
-/* Threads per block of the merge: each thread merges four columns of one row. */
+/* The merge: a block of 256 threads per row, four columns a thread, 8 (d = 128) or 16 (d = 64)
+ * threads per column each summing its share of the slices; at most MAX_SPLITS slices (the
+ * weights sit in shared memory; --splits allows no more). */
 constexpr int COMBINE_THREADS = 256;
+constexpr int MAX_SPLITS = 1024;
 
 /* Per head dim: Bc keys per K/V tile, so that a tile of K and V is 32 KiB either way. */
 template <int HeadDim>
@@ -334,39 +337,79 @@ stage14_split_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
     }
 }
 
-/* The merge of the S slices of every row: L = log sum_s exp(L_s), O = sum_s exp(L_s - L) O_s.
- * A thread per four columns of a row, consecutive threads along the row. */
+/* Block-wide max and sum of one value per thread (COMBINE_THREADS of them): across the warp by
+ * shuffles, across the warps through shared memory. Every thread gets the result. */
+template <bool MAX>
+__device__ __forceinline__ float block_reduce(float v, float *scratch)
+{
+#pragma unroll
+    for (int off = WARP_SIZE / 2; off > 0; off /= 2) {
+        const float o = __shfl_xor_sync(FULL_MASK, v, off);
+        v = MAX ? fmaxf(v, o) : v + o;
+    }
+    __syncthreads(); /* scratch free (a reduction before this one is done reading it) */
+    if (threadIdx.x % WARP_SIZE == 0) scratch[threadIdx.x / WARP_SIZE] = v;
+    __syncthreads(); /* every warp's value in scratch */
+    v = scratch[0];
+#pragma unroll
+    for (int w = 1; w < COMBINE_THREADS / WARP_SIZE; w++) v = MAX ? fmaxf(v, scratch[w]) : v + scratch[w];
+    return v;
+}
+
+/* The merge of the S slices of one row (a block per row): L = log sum_s exp(L_s) and
+ * O = sum_s exp(L_s - L) O_s. It waits on memory, not arithmetic: the S values of L_s are loaded
+ * by all threads at once, and the partial rows O_s by LANES threads per column, each taking every
+ * LANES-th slice with several loads in flight, then added up through shared memory. */
 template <typename T, int HeadDim>
 __global__ void __launch_bounds__(COMBINE_THREADS)
 stage14_combine_kernel(const float *__restrict__ O_part, const float *__restrict__ L_part, T *__restrict__ O,
                        float *__restrict__ L, size_t rows, int S)
 {
     typedef mma16<T> M;
-    constexpr int QUADS = HeadDim / 4;
-    const size_t c = (size_t)blockIdx.x * COMBINE_THREADS + threadIdx.x;
-    const size_t row = c / QUADS;
-    const int col = (int)(c % QUADS) * 4;
+    constexpr int QUADS = HeadDim / 4;                 /* four columns a thread */
+    constexpr int LANES = COMBINE_THREADS / QUADS;     /* threads per column: 8 at d = 128, 16 at 64 */
+    static_assert(COMBINE_THREADS % QUADS == 0 && COMBINE_THREADS % WARP_SIZE == 0, "whole columns, whole warps");
+    __shared__ float w_s[MAX_SPLITS];                  /* exp(L_s - m), slice s's weight */
+    __shared__ float scratch[COMBINE_THREADS / WARP_SIZE];
+    __shared__ float4 O_lane[LANES][QUADS];            /* each lane's sum over its slices */
+    const size_t row = blockIdx.x;
+    const int tid = threadIdx.x, q = tid % QUADS, lane = tid / QUADS;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     /* PDL: launched before the split kernel ended; wait until it has, and its writes are visible */
     cudaGridDependencySynchronize();
 #endif
-    if (row >= rows) return;
-    /* m = max_s L_s (every row sees a key, so some L_s is finite; -inf is guarded all the same) */
+    /* m = max_s L_s (every row sees some key, so some L_s is finite; -inf is guarded all the same) */
     float m = -INFINITY;
-    for (int s = 0; s < S; s++) m = fmaxf(m, L_part[(size_t)s * rows + row]);
-    float l = 0.f, o[4] = {0.f, 0.f, 0.f, 0.f};
-    if (m != -INFINITY)
-        for (int s = 0; s < S; s++) {
-            /* w_s = exp(L_s - m) = l_s exp(m_s - m): slice s's share (0 for an empty slice) */
-            const float w = exp2_approx((L_part[(size_t)s * rows + row] - m) * LOG2E);
-            const float4 os = *(const float4 *)&O_part[((size_t)s * rows + row) * HeadDim + col];
-            l += w;
-            o[0] += w * os.x, o[1] += w * os.y, o[2] += w * os.z, o[3] += w * os.w;
-        }
-    const float inv_l = l > 0.f ? 1.f / l : 0.f;
-    *(uint2 *)&O[row * HeadDim + col] =
-        make_uint2(M::pack(o[0] * inv_l, o[1] * inv_l), M::pack(o[2] * inv_l, o[3] * inv_l));
-    if (col == 0) L[row] = m == -INFINITY ? -INFINITY : m + logf(l);
+    for (int s = tid; s < S; s += COMBINE_THREADS) {
+        w_s[s] = L_part[(size_t)s * rows + row];
+        m = fmaxf(m, w_s[s]);
+    }
+    m = block_reduce<true>(m, scratch);
+    /* w_s = exp(L_s - m) = l_s exp(m_s - m): slice s's share (0 for an empty slice, L_s = -inf) */
+    float l = 0.f;
+    for (int s = tid; s < S; s += COMBINE_THREADS) {
+        w_s[s] = m == -INFINITY ? 0.f : exp2_approx((w_s[s] - m) * LOG2E);
+        l += w_s[s];
+    }
+    l = block_reduce<false>(l, scratch); /* (its barriers also make every w_s visible) */
+    /* this thread's columns 4q .. 4q+3, summed over slices lane, lane + LANES, ... */
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+    for (int s = lane; s < S; s += LANES) {
+        const float4 os = *(const float4 *)&O_part[((size_t)s * rows + row) * HeadDim + 4 * q];
+        o.x += w_s[s] * os.x, o.y += w_s[s] * os.y, o.z += w_s[s] * os.z, o.w += w_s[s] * os.w;
+    }
+    O_lane[lane][q] = o;
+    __syncthreads(); /* every lane's sums in shared memory */
+    if (lane == 0) {
+#pragma unroll
+        for (int k = 1; k < LANES; k++)
+            o.x += O_lane[k][q].x, o.y += O_lane[k][q].y, o.z += O_lane[k][q].z, o.w += O_lane[k][q].w;
+        const float inv_l = l > 0.f ? 1.f / l : 0.f;
+        *(uint2 *)&O[row * HeadDim + 4 * q] =
+            make_uint2(M::pack(o.x * inv_l, o.y * inv_l), M::pack(o.z * inv_l, o.w * inv_l));
+        if (q == 0) L[row] = m == -INFINITY ? -INFINITY : m + logf(l);
+    }
 }
 
 /* ---- launcher ---- */
@@ -383,8 +426,15 @@ int resident_blocks(char *why, size_t n)
     typedef tiles<HeadDim> Tiles;
     if (smem_optin(stage14_split_kernel<__half, HeadDim>, Tiles::bytes, HeadDim, why, n)) return -1;
     if (smem_optin(stage14_split_kernel<__nv_bfloat16, HeadDim>, Tiles::bytes, HeadDim, why, n)) return -1;
+    /* all of the SM's unified L1/shared memory as shared memory (the loads bypass L1: cp.async.cg),
+     * so that two blocks fit wherever the device has room for them, rather than where the driver's
+     * default split happens to leave it */
     int dev = 0, sms = 0, per_sm = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
+    if (cudaFuncSetAttribute(stage14_split_kernel<__half, HeadDim>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared) != cudaSuccess ||
+        cudaFuncSetAttribute(stage14_split_kernel<__nv_bfloat16, HeadDim>,
+                             cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) != cudaSuccess ||
+        cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, stage14_split_kernel<__half, HeadDim>,
                                                       Tiles::NTHREADS, Tiles::bytes) != cudaSuccess) {
@@ -434,8 +484,13 @@ int launch(const struct attn_args *a, char *why, size_t n)
     typedef tiles<HeadDim> Tiles;
     const struct shape *sh = &a->sh;
     if (int rc = smem_optin(stage14_split_kernel<T, HeadDim>, Tiles::bytes, HeadDim, why, n)) return rc;
+    if (resident_blocks<HeadDim>(why, n) < 0) return ATTN_CUDA_ERROR; /* (once: sets the carveout too) */
     const int S = splits_for(sh, why, n);
     if (S < 0) return ATTN_CUDA_ERROR;
+    if (S > MAX_SPLITS) {
+        snprintf(why, n, "at most %d slices of the keys (got --splits %d)", MAX_SPLITS, S);
+        return ATTN_UNSUPPORTED;
+    }
     const int row_tiles = row_tiles_of(sh);
     const long long blocks = (long long)sh->B * shape_kv_heads(sh) * row_tiles;
     if (blocks > 2147483647LL) {
@@ -444,6 +499,10 @@ int launch(const struct attn_args *a, char *why, size_t n)
     }
     float *O_part = NULL, *L_part = NULL;
     const size_t rows = shape_rows(sh);
+    if (S > 1 && rows > 2147483647u) {
+        snprintf(why, n, "B * H * N = %zu rows is more than the merge's grid holds (2^31 - 1)", rows);
+        return ATTN_UNSUPPORTED;
+    }
     if (S > 1) { /* the workspace: [S][rows][HeadDim] partial O, then [S][rows] partial L */
         if (!a->work) {
             snprintf(why, n, "%d slices need a workspace (workspace_bytes) and none was given", S);
@@ -470,9 +529,8 @@ int launch(const struct attn_args *a, char *why, size_t n)
         CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
         pdl = major >= 9;
     }
-    const size_t threads = rows * (HeadDim / 4);
     cudaLaunchConfig_t config = {};
-    config.gridDim = dim3((unsigned)CEIL_DIV(threads, (size_t)COMBINE_THREADS));
+    config.gridDim = dim3((unsigned)rows); /* a block per row: at most 2^31 - 1 (checked above) */
     config.blockDim = dim3(COMBINE_THREADS);
     config.dynamicSmemBytes = 0;
     config.stream = 0;
