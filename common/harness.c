@@ -402,7 +402,9 @@ static int save_outputs(const char *dir, const struct shape *sh, const char *con
     char path[4096];
     for (int t = 0; t < count; t++) {
         snprintf(path, sizeof path, "%s/%s", dir, names[t]);
-        const int kv = strchr("kv", names[t][0]) || (names[t][0] == 'd' && strchr("kv", names[t][1]));
+        const char *kv_names[4] = {"k.npy", "v.npy", "dk.npy", "dv.npy"};
+        int kv = 0;
+        for (int j = 0; j < 4; j++) kv |= !strcmp(names[t], kv_names[j]);
         if (npy_write_f32(path, src[t], kv ? kv_dims : dims, strcmp(names[t], "lse.npy") ? 4 : 3)) {
             fprintf(stderr, "--save: cannot write %s\n", path);
             return 1;
