@@ -1,6 +1,6 @@
 # FlashAttention, stage by stage. This Makefile holds the one list of stages.
 #   make stageN && ./stageN     build and run one stage (binary at the repository root)
-#   make all | deps | test | bench | bench-cpu | bench-ncu | plots | sanitize | diffN | clean   (V=1 shows commands, DEBUG=1 -g + sanitizers)
+#   make all | deps | test | bench | bench-decode | bench-cpu | bench-ncu | plots | sanitize | diffN | clean   (V=1 shows commands, DEBUG=1 -g + sanitizers)
 
 # ---- the stages: NN_slug, the file is stages/NN_slug.c (CPU) or .cu (GPU) ----
 CPU_STAGES := 01_naive 02_tiled_cpu 03_online_softmax
