@@ -1,6 +1,6 @@
 # FlashAttention, stage by stage. This Makefile holds the one list of stages.
 #   make stageN && ./stageN     build and run one stage (binary at the repository root)
-#   make all | deps | test | bench | bench-cpu | bench-ncu | plots | sanitize | diffN | clean   (V=1 shows commands, DEBUG=1 -g + sanitizers)
+#   make all | deps | test | bench | bench-decode | bench-cpu | bench-ncu | plots | sanitize | diffN | clean   (V=1 shows commands, DEBUG=1 -g + sanitizers)
 
 # ---- the stages: NN_slug, the file is stages/NN_slug.c (CPU) or .cu (GPU) ----
 CPU_STAGES := 01_naive 02_tiled_cpu 03_online_softmax
@@ -8,8 +8,12 @@ CPU_STAGES := 01_naive 02_tiled_cpu 03_online_softmax
 # capability 9.0 only (H100, H200): elsewhere they exit 3 and their tests skip. Otherwise they are
 # GPU stages like the others.
 HOPPER_STAGES := 11_wgmma 12_warp_specialized
+# Stages written for generation, a few queries against a long KV cache: measured by make
+# bench-decode, not on the FA-2 paper's grid (make bench, the charts and the README's table leave
+# them out). Otherwise GPU stages like the others.
+DECODE_STAGES := 14_split_kv
 GPU_STAGES := 04_fa1 05_delayed_rescaling 06_loop_swap 07_warp_partition 08_seq_parallel 09_pipelined 10_backward \
-              $(HOPPER_STAGES)
+              $(HOPPER_STAGES) $(DECODE_STAGES)
 
 MAKEFLAGS += --no-builtin-rules
 .SUFFIXES:
@@ -50,6 +54,8 @@ num = $(patsubst 0%,%,$(firstword $(subst _, ,$(1))))
 bin = stage$(call num,$(1))
 CPU_BINS := $(foreach s,$(CPU_STAGES),$(call bin,$(s)))
 GPU_BINS := $(foreach s,$(GPU_STAGES),$(call bin,$(s)))
+DECODE_BINS := $(foreach s,$(DECODE_STAGES),$(call bin,$(s)))
+GRID_BINS := $(filter-out $(DECODE_BINS),$(GPU_BINS))   # the GPU stages on the benchmark grid
 
 COMMON_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard common/*.c))
 COMMON_OBJS := $(filter-out $(BUILD)/common/main.o,$(COMMON_OBJS))
@@ -71,7 +77,7 @@ TEST_LINK = $(CC) $(OMP_LDFLAGS) $(LDFLAGS) -o $@ $^ $(CRITERION_LIBS) -lm
 endif
 STAGE_OBJS := $(sort $(foreach s,$(BUILT_STAGES),$(BUILD)/stages/$(s).o))
 
-.PHONY: deps deps-test all test bench bench-cpu bench-ncu plots sanitize clean FORCE
+.PHONY: deps deps-test all test bench bench-decode bench-cpu bench-ncu plots sanitize clean FORCE
 all: $(foreach s,$(BUILT_STAGES),$(call bin,$(s))) tests/attn_tests
 
 # ---- compiling ----
@@ -168,21 +174,39 @@ SANITIZE_SHAPES_stage9 := "--seqlen 200 --dim 32 --dtype bf16 --causal" "--seqle
                           "--seqlen 300 --dim 128 --dtype bf16"
 SANITIZE_SHAPES_stage11 := "--seqlen 200 --dim 64 --dtype bf16 --causal" "--seqlen 130 --dim 256" \
                            "--seqlen 300 --dim 256 --dtype bf16 --causal" "--seqlen 300 --dim 128 --dtype bf16"
+# a stage that cannot take the shapes above (stage 14: at most 64 queries, no --counters) names its
+# own instead of them (--batch 1 --heads 2 follow each, so each names --kv-heads 1 or 2)
+SANITIZE_BASE_stage14 := "--seqlen 1 --kv-len 1 --dim 64 --kv-heads 2" "--seqlen 1 --kv-len 3000 --dim 128 --kv-heads 1" \
+                         "--seqlen 4 --kv-len 1000 --dim 128 --kv-heads 1 --causal --dtype bf16" \
+                         "--seqlen 64 --kv-len 4097 --dim 64 --kv-heads 2 --causal" \
+                         "--seqlen 1 --kv-len 777 --dim 128 --kv-heads 1 --splits 1" \
+                         "--seqlen 3 --kv-len 200 --dim 64 --kv-heads 1 --splits 40"
 sanitize: $(GPU_BINS)
 	@set -e; $(foreach b,$(GPU_BINS),for tool in memcheck racecheck synccheck; do \
-	  for s in $(SANITIZE_SHAPES) $(SANITIZE_SHAPES_$(b)); do \
+	  for s in $(or $(SANITIZE_BASE_$(b)),$(SANITIZE_SHAPES)) $(SANITIZE_SHAPES_$(b)); do \
 	    echo "== compute-sanitizer --tool $$tool ./$(b) $$s"; \
 	    compute-sanitizer --tool $$tool --error-exitcode 1 ./$(b) $$s --batch 1 --heads 2 --warmup 0 --iters 1; \
 	done; done;)
 
-# the GPU stages whose rows are forward: all but stage 10, which measures a backward (make
+# the grid's GPU stages whose rows are forward: all but stage 10, which measures a backward (make
 # bench-ncu runs these; the charts name the ones with no rows yet)
-FWD_BINS = $(filter-out stage10,$(GPU_BINS))
+FWD_BINS = $(filter-out stage10,$(GRID_BINS))
 
-# every GPU stage and PyTorch's SDPA (flash, cuDNN) over the FA-2 paper's grid, in one run,
-# appended to bench/data/<gpu>.csv (stage 10's rows are its backward)
-bench: $(GPU_BINS)
-	FA_COMMIT=$(COMMIT) STAGES="$(GPU_BINS)" bench/bench.sh
+# every GPU stage of the grid and PyTorch's SDPA (flash, cuDNN) over the FA-2 paper's grid, in one
+# run, appended to bench/data/<gpu>.csv (stage 10's rows are its backward)
+bench: $(GRID_BINS)
+	FA_COMMIT=$(COMMIT) STAGES="$(GRID_BINS)" bench/bench.sh
+
+# generation: the decode stages at B = 1 and 8, 32 query heads over 8 KV heads, d = 128, one query
+# against N_kv = 1k .. 128k, beside the device's copy bandwidth (bench/copy_bw) and PyTorch's SDPA
+# backends measured in the same run, appended to bench/data/<gpu>_decode.csv
+bench-decode: $(DECODE_BINS) bench/copy_bw
+	FA_COMMIT=$(COMMIT) STAGES="$(DECODE_BINS)" bench/bench_decode.sh
+
+# the yardstick of a memory-bound stage: device-to-device cudaMemcpy bandwidth (bench/copy_bw.cu)
+bench/copy_bw: bench/copy_bw.cu
+	@$(if $(Q),echo "  NVCC  $@")
+	$(Q)$(NVCC) -std=c++17 -O3 -I. $(NVCC_ARCH) -Xcompiler -Wall,-Wextra $< -o $@
 
 # Nsight Compute's DRAM bytes for each forward GPU stage beside its formula (its --counters print
 # the formula), into bench/data/<gpu>_hbm.csv
@@ -211,13 +235,15 @@ bench/cpu_blas: bench/cpu_blas.c $(COMMON_OBJS) $(REF_OBJ)
 # every chart (PNG and SVG, into plots/) and the README's results table, from bench/data/ alone;
 # the stage lists name the stages not measured yet (README=FILE: the table into FILE instead)
 plots:
-	CPU_BINS="$(CPU_BINS)" GPU_BINS="$(GPU_BINS)" FWD_BINS="$(FWD_BINS)" plots/plot.sh
+	CPU_BINS="$(CPU_BINS)" GPU_BINS="$(GRID_BINS)" FWD_BINS="$(FWD_BINS)" plots/plot.sh
 
 # ---- reading a stage: what changed from the one before ----
 # (-b: a block that only moved in or out by a level of indentation reads as unchanged)
 # A stage that builds on an earlier one than N-1 names it: stage 11 moves stage 9's forward to
 # wgmma (stage 10 is the backward), so make diff11 is stage 9 against stage 11.
 DIFF_BASE_11 := 9
+# stage 14 takes stage 9's kernel to a new shape (a few queries, a long split KV cache)
+DIFF_BASE_14 := 9
 diff%:
 	@n=$*; case "$$n" in ''|*[!0-9]*) echo "make diff$$n: say which stage, as a number: make diff5" >&2; exit 2;; esac; \
 	n=$$(expr $$n + 0); base='$(DIFF_BASE_$(patsubst 0%,%,$*))'; \
@@ -227,6 +253,6 @@ diff%:
 	diff -u -b "$$a" "$$b"; test $$? -le 1
 
 clean:
-	rm -rf $(BUILD) tests/attn_tests $(CPU_BINS) $(GPU_BINS) bench/cpu_blas
+	rm -rf $(BUILD) tests/attn_tests $(CPU_BINS) $(GPU_BINS) bench/cpu_blas bench/copy_bw
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -16,6 +16,8 @@
 #       sets CPU_BINS, GPU_BINS and FWD_BINS (the GPU stages whose rows are forward: all but the
 #       backward's) to the Makefile's lists ("stage4 stage5 ..."), the stages the CSVs should have
 #       rows of: as make passes them in the environment (make plots), else asked of make; exported.
+#       GPU_BINS is the Makefile's GRID_BINS: the GPU stages of the benchmark grid, without the
+#       decode stages (make bench-decode, bench/data/<gpu>_decode.csv).
 
 CSV_AWK_LIB=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/csv.awk
 
@@ -59,7 +61,7 @@ csv_stage_lists() {
     local root bins
     root=$(dirname "$(dirname "$CSV_AWK_LIB")")
     bins=$(make -s --no-print-directory -C "$root" \
-             --eval 'csv-stage-lists: ; @echo "$(CPU_BINS)/$(GPU_BINS)/$(FWD_BINS)"' csv-stage-lists)
+             --eval 'csv-stage-lists: ; @echo "$(CPU_BINS)/$(GRID_BINS)/$(FWD_BINS)"' csv-stage-lists)
     IFS=/ read -r CPU_BINS GPU_BINS FWD_BINS <<< "$bins"
   fi
   export CPU_BINS GPU_BINS FWD_BINS

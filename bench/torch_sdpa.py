@@ -80,7 +80,7 @@ def main():
                 row = {"stage": name, "direction": direction, "gpu": gpu, "dtype": "fp16", "batch": B, "heads": H,
                        "seqlen": n, "dim": d, "causal": causal, "ms_median": f"{m:.4f}", "ms_min": f"{mn:.4f}",
                        "tflops": f"{tf:.3f}", "max_err": "", "check": "skip", "commit": commit,
-                       "extra_bytes": 0, "threads": 1}
+                       "extra_bytes": 0, "threads": 1, "kv_len": n, "kv_heads": H, "splits": ""}
                 print(",".join(str(row.get(c, "")) for c in columns))
             print(f"[{k}/{total}] {label} ... fwd {flops / (ms * 1e-3) / 1e12:.1f} TFLOP/s, "
                   f"bwd {2.5 * flops / (bms * 1e-3) / 1e12:.1f} TFLOP/s", file=sys.stderr)

@@ -5,8 +5,8 @@
 
 double attn_flops(const struct shape *sh, int backward)
 {
-    double f = 4.0 * sh->B * sh->H * (double)sh->N * sh->N * sh->d;
-    if (sh->causal) f /= 2;
+    const double N = sh->N, pairs = N * shape_kv_len(sh) - (sh->causal ? N * N / 2 : 0);
+    const double f = 4.0 * sh->B * sh->H * pairs * sh->d;
     return backward ? 2.5 * f : f;
 }
 
@@ -24,6 +24,28 @@ size_t dtype_size(enum dtype dt) { return dt == DT_F32 ? 4 : 2; }
 
 int stage_supports(const struct stage *st, const struct shape *sh, enum dtype dt, char *why, size_t n)
 {
+    const int N_kv = shape_kv_len(sh), H_kv = shape_kv_heads(sh);
+    if (sh->H % H_kv) {
+        snprintf(why, n, "%s: %d heads do not share %d KV heads evenly (--heads must be a multiple of --kv-heads)",
+                 st->name, sh->H, H_kv);
+        return 0;
+    }
+    if (sh->causal && N_kv < sh->N) {
+        snprintf(why, n, "%s: causal with %d keys for %d queries: the queries are the last N of the N_kv positions, "
+                         "so --kv-len must be at least --seqlen", st->name, N_kv, sh->N);
+        return 0;
+    }
+    if (!st->kv_cache && !shape_is_self(sh)) {
+        snprintf(why, n, "%s takes self-attention only: --kv-len must equal --seqlen and --kv-heads --heads (got %d "
+                         "keys in %d heads for %d queries in %d heads)", st->name, N_kv, H_kv, sh->N, sh->H);
+        return 0;
+    }
+    if (st->max_seqlen && sh->N > st->max_seqlen) {
+        snprintf(why, n, "%s takes at most %d queries per head (--seqlen 1 to %d; got %d): it is written for "
+                         "generation, a few queries against a long KV cache (--kv-len)", st->name, st->max_seqlen,
+                 st->max_seqlen, sh->N);
+        return 0;
+    }
     if (!(st->dtypes & dt)) {
         int k = snprintf(why, n, "%s does not support dtype %s; it supports:", st->name, dtype_name(dt));
         for (unsigned bit = DT_F32; bit <= DT_BF16; bit <<= 1)

@@ -5,7 +5,9 @@
  * symbol a stage defines carries its own prefix (stage4_...).
  *
  * Tensors are [B, H, N, d], contiguous and row-major. The forward returns O (same dtype as the
- * inputs) and the row logsumexp L (fp32, [B, H, N]), which the backward needs.
+ * inputs) and the row logsumexp L (fp32, [B, H, N]), which the backward needs. With a KV cache
+ * (stages 1 and 14) K and V are [B, H_kv, N_kv, d]: N_kv keys, and H_kv heads each shared by a
+ * group of H / H_kv consecutive query heads (grouped-query attention; H_kv = 1 is multi-query).
  */
 #ifndef ATTN_H
 #define ATTN_H
@@ -24,8 +26,16 @@ enum device_kind { ON_CPU, ON_GPU };
 
 struct shape {
     int B, H, N, d;  /* batch, heads, sequence length (any N >= 1), head dim */
-    int causal;      /* query i sees keys 0..i */
+    int causal;      /* query i sees keys 0..i (with a KV cache: up to its position, keys_seen) */
     float scale;     /* softmax scale, 1/sqrt(d) unless set */
+    /* The KV cache: K and V hold N_kv keys in H_kv heads (H a multiple of H_kv). 0 in either means
+     * the queries' own, N or H: self-attention, which every shape written before the KV cache is.
+     * Read them through shape_kv_len and shape_kv_heads, never directly. */
+    int N_kv, H_kv;
+    /* --splits: how many slices a split-KV stage (stage 14) cuts each KV head's keys into; 0: the
+     * stage's own rule. How the work is cut, not what is computed: it lives here because the
+     * stage's scratch (workspace_bytes) depends on it. */
+    int splits;
 };
 
 /* One call's tensors. For a CPU stage the pointers are host memory in fp32; for a GPU stage they
@@ -67,6 +77,15 @@ struct hbm_traffic {
  * nonzero. A stage checks what it supports here before it launches anything. */
 typedef int (*attn_fn)(const struct attn_args *a, char *why, size_t n);
 
+/* A field of struct stage that a descriptor may leave out, zero then. C zeroes what a designated
+ * initializer does not name; C++ does too, but g++ -Wextra warns of it unless the field has a
+ * default of its own, which this gives it (C++ only: C has no such thing and needs none). */
+#ifdef __cplusplus
+#define STAGE_FIELD_DEFAULT = {}
+#else
+#define STAGE_FIELD_DEFAULT
+#endif
+
 struct stage {
     const char *name;        /* "stage4" */
     const char *idea;        /* one line: what this stage adds */
@@ -87,10 +106,22 @@ struct stage {
      * the Hopper stages, compiled for sm_90a, whose wgmma runs on compute capability 9.0 alone);
      * elsewhere the stage exits 3 and its tests skip. 0: any GPU the build targets (sm_80 on). */
     int arch_sm;
+    /* ---- the KV cache (stage 14). A descriptor that does not name these leaves them 0: in C as
+     * every field a designated initializer leaves out, in C++ through STAGE_FIELD_DEFAULT ---- */
+    /* 1: the stage takes a KV cache, K and V of their own length and heads (--kv-len, --kv-heads);
+     * 0: self-attention only (N_kv = N, H_kv = H), anything else refused with exit 2. */
+    int kv_cache STAGE_FIELD_DEFAULT;
+    /* The most query rows N the stage takes (stage 14, written for generation: 64); 0: any N. */
+    int max_seqlen STAGE_FIELD_DEFAULT;
+    /* Split-KV stages (--splits): the number of slices of the keys this stage uses on this shape
+     * (its rule, or sh->splits where set); NULL for a stage that does not split the keys. */
+    int (*kv_splits)(const struct shape *sh) STAGE_FIELD_DEFAULT;
 };
 
 /* FLOPs as the FA2 paper counts them: 4*B*H*N^2*d for the forward, halved when causal;
- * the backward is 2.5x the forward. */
+ * the backward is 2.5x the forward. With a KV cache, 4*B*H*N*N_kv*d, and causal takes away the
+ * masked triangle, N^2/2 of the N x N_kv scores (so N = N_kv is the paper's half again, and one
+ * query, N = 1, loses nothing worth counting). */
 double attn_flops(const struct shape *sh, int backward);
 
 /* What a stage function's nonzero return means: ATTN_UNSUPPORTED (a shape or dtype it refuses;
@@ -101,7 +132,9 @@ enum { ATTN_UNSUPPORTED = 1, ATTN_CUDA_ERROR = 4 };
  * front of the reason ("stage7: d=64 needs ...") and returns the exit code rc calls for. */
 int stage_failed(const struct stage *st, int rc, char *why, size_t n);
 
-/* Does `st` support this head dim and dtype? If not, writes what it does support into `why`. */
+/* Does `st` support this shape and dtype? If not, writes why not into `why`: a shape that is no
+ * attention problem (H not a multiple of H_kv; causal with fewer keys than queries), a KV cache or
+ * a query length the stage does not take, or a head dim or dtype it lacks (with what it supports). */
 int stage_supports(const struct stage *st, const struct shape *sh, enum dtype dt, char *why, size_t n);
 
 const char *dtype_name(enum dtype dt);
@@ -118,6 +151,35 @@ static inline size_t idx3(const struct shape *sh, int b, int h, int i)
 }
 static inline size_t shape_elems(const struct shape *sh) { return (size_t)sh->B * sh->H * sh->N * sh->d; }
 static inline size_t shape_rows(const struct shape *sh) { return (size_t)sh->B * sh->H * sh->N; }
+
+/* ---- the KV side of a shape ---- */
+static inline int shape_kv_len(const struct shape *sh) { return sh->N_kv ? sh->N_kv : sh->N; }
+static inline int shape_kv_heads(const struct shape *sh) { return sh->H_kv ? sh->H_kv : sh->H; }
+/* 1 when K and V are the queries' own length and heads (every stage takes that). */
+static inline int shape_is_self(const struct shape *sh)
+{
+    return shape_kv_len(sh) == sh->N && shape_kv_heads(sh) == sh->H;
+}
+/* The KV head that query head h reads: heads come in groups of H / H_kv consecutive ones, one KV
+ * head each (as torch's enable_gqa, or K and V repeat_interleave'd over the heads). */
+static inline int kv_head_of(const struct shape *sh, int h) { return h / (sh->H / shape_kv_heads(sh)); }
+/* Index of element (b, hk, j, c) in K or V, [B, H_kv, N_kv, d]. */
+static inline size_t idx4_kv(const struct shape *sh, int b, int hk, int j, int c)
+{
+    return (((size_t)b * shape_kv_heads(sh) + hk) * shape_kv_len(sh) + j) * sh->d + c;
+}
+static inline size_t shape_kv_elems(const struct shape *sh)
+{
+    return (size_t)sh->B * shape_kv_heads(sh) * shape_kv_len(sh) * sh->d;
+}
+/* How many keys query i sees, keys 0 .. keys_seen - 1: all N_kv, or, causal, those up to its own
+ * position. The N queries are the last N positions of the N_kv (bottom-right aligned, as
+ * FlashAttention does; N_kv >= N when causal), so query i sits at N_kv - N + i; with N_kv = N that
+ * is key i, the square causal mask. */
+static inline int keys_seen(const struct shape *sh, int i)
+{
+    return sh->causal ? shape_kv_len(sh) - sh->N + i + 1 : shape_kv_len(sh);
+}
 
 #ifdef __cplusplus
 }

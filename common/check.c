@@ -13,7 +13,8 @@
  *     in fp32 for fp16 inputs; the sum rounds), which scales P_ij by exp(u32 |S|); smax is a
  *     bound, not a typical |S|, so 2 leaves room for two implementations rounding differently.
  *     With inputs scaled x50 this term dominates;
- *   - 4 sqrt(N) u32: the rounding of sums over N keys (l and P V) in fp32;
+ *   - 4 sqrt(N) u32: the rounding of sums over N keys (l and P V) in fp32 (with a KV cache, the
+ *     N_kv keys a row sums over);
  *   - 16 u32: exp, log and the division, a few ulps each.
  * NaN or Inf in the output fails, always.
  */
@@ -34,7 +35,7 @@ static double unit_roundoff(enum dtype dt)
 static double fp32_terms(const struct shape *sh, double qmax, double kmax)
 {
     double smax = sh->scale * sh->d * qmax * kmax;
-    return U32 * (2 * smax + 4 * sqrt((double)sh->N) + 16);
+    return U32 * (2 * smax + 4 * sqrt((double)shape_kv_len(sh)) + 16);
 }
 
 double tol_output(const struct shape *sh, enum dtype dt, double qmax, double kmax, double vmax)
@@ -98,6 +99,14 @@ void cmp_merge(struct cmp *a, const struct cmp *b)
     a->nonfinite += b->nonfinite;
     if (b->tol > a->tol) a->tol = b->tol;
     a->pass = a->pass && b->pass;
+}
+
+void cmp_fold_nonfinite(struct cmp *c, const float *x, size_t n)
+{
+    struct cmp bad = {0}; /* bad.pass is 0 */
+    for (size_t k = 0; k < n; k++)
+        if (!isfinite(x[k]) && !bad.nonfinite++) bad.worst = k, bad.got = x[k], bad.want = NAN;
+    if (bad.nonfinite) cmp_merge(c, &bad);
 }
 
 void cmp_print(FILE *f, const char *what, const struct cmp *c, const struct shape *sh, int is_rows)

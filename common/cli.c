@@ -12,15 +12,21 @@
 
 /* ---- which options a stage takes ---- */
 
-enum takes { ANY_STAGE, GPU_STAGE, GPU_FORWARD, BACKWARD };
+enum takes { ANY_STAGE, GPU_STAGE, GPU_FORWARD, BACKWARD, SPLIT_KV };
+
+/* --splits S: at most this many slices of the keys (a split-KV stage's own rule picks a few per SM;
+ * more than the keys' tiles leaves some slices empty, which the merge weighs at zero) */
+#define MAX_SPLITS 1024
 
 static int stage_takes(const struct stage *st, enum takes t)
 {
     switch (t) {
     case ANY_STAGE: return 1;
     case GPU_STAGE: return st->device == ON_GPU;
-    case GPU_FORWARD: return st->device == ON_GPU && !st->measures_backward; /* its kernel has a counting build */
+    /* its kernel has a counting build (a split-KV stage's kernels have none) */
+    case GPU_FORWARD: return st->device == ON_GPU && !st->measures_backward && !st->kv_splits;
     case BACKWARD: return st->measures_backward;
+    case SPLIT_KV: return st->kv_splits != NULL;
     }
     return 0;
 }
@@ -37,6 +43,7 @@ static const struct option_def {
     {"--csv", 0, ANY_STAGE},         {"--csv-row", 0, ANY_STAGE},       {"--flush-l2", 0, GPU_STAGE},
     {"--counters", 0, GPU_FORWARD},  {"--deterministic", 0, BACKWARD},  {"--load", 1, ANY_STAGE},
     {"--save", 1, ANY_STAGE},          {"--help", 0, ANY_STAGE},          {"-h", 0, ANY_STAGE},
+    {"--kv-len", 1, ANY_STAGE},      {"--kv-heads", 1, ANY_STAGE},      {"--splits", 1, SPLIT_KV},
 };
 
 static const struct option_def *find_option(const struct stage *st, const char *name)
@@ -59,7 +66,11 @@ static void list_words(char *buf, size_t n, const char *const *items, int count)
 
 static void usage(const struct stage *st, const struct opts *def, FILE *f)
 {
-    char dtypes[64], dims[96], dim_strs[8][8];
+    char dtypes[64], dims[96], dim_strs[8][8], seqlen[96];
+    if (st->max_seqlen)
+        snprintf(seqlen, sizeof seqlen, "queries per head, 1 to %d", st->max_seqlen);
+    else
+        snprintf(seqlen, sizeof seqlen, "sequence length, any N >= 1");
     const char *items[8];
     int count = 0;
     for (unsigned bit = DT_F32; bit <= DT_BF16; bit <<= 1)
@@ -79,9 +90,9 @@ static void usage(const struct stage *st, const struct opts *def, FILE *f)
             "usage: ./%s [options]\n"
             "  --batch B          batch size (default %d)\n"
             "  --heads H          heads (default %d)\n"
-            "  --seqlen N         sequence length, any N >= 1 (default %d)\n"
+            "  --seqlen N         %s (default %d)\n"
             "  --dim d            head dim: %s (default %d)\n"
-            "  --causal           query i sees keys 0..i only\n"
+            "  --causal           %s\n"
             "  --dtype T          %s (default %s)\n"
             "  --softmax-scale s  softmax scale (default 1/sqrt(d))\n"
             "  --input-scale a    inputs drawn uniformly from [-a, a] (default 1)\n"
@@ -91,27 +102,55 @@ static void usage(const struct stage *st, const struct opts *def, FILE *f)
             "  --no-check         skip the check against the reference\n"
             "  --csv              print a CSV header and row instead of the summary\n"
             "  --csv-row          print the CSV row alone\n",
-            st->name, st->idea, st->name, def->sh.B, def->sh.H, def->sh.N, dims, def->sh.d, dtypes,
-            dtype_name(def->dtype), (unsigned long long)def->seed, def->warmup, def->iters);
-    if (stage_takes(st, GPU_STAGE)) fprintf(f, "  --flush-l2         overwrite the L2 cache before every timed run\n");
+            st->name, st->idea, st->name, def->sh.B, def->sh.H, seqlen, def->sh.N, dims, def->sh.d,
+            st->kv_cache ? "query i sees the keys up to its position, N_kv - N + i (N = N_kv: keys 0..i)"
+                         : "query i sees keys 0..i only",
+            dtypes, dtype_name(def->dtype), (unsigned long long)def->seed, def->warmup, def->iters);
+    if (st->kv_cache) {
+        char nkv[16] = "N", hkv[16] = "H";
+        if (def->sh.N_kv) snprintf(nkv, sizeof nkv, "%d", def->sh.N_kv);
+        if (def->sh.H_kv) snprintf(hkv, sizeof hkv, "%d", def->sh.H_kv);
+        fprintf(f, "  --kv-len N_kv      keys and values: a KV cache of N_kv positions, any N_kv >= 1 (default %s);\n"
+                   "                     the N queries are its last N positions\n"
+                   "  --kv-heads H_kv    KV heads, each shared by H / H_kv consecutive query heads (grouped-query\n"
+                   "                     attention; 1: multi-query); H a multiple of H_kv (default %s)\n",
+                nkv, hkv);
+    } else {
+        fprintf(f, "  --kv-len N_kv      keys and values (this stage: N_kv = N only, self-attention)\n"
+                   "  --kv-heads H_kv    KV heads (this stage: H_kv = H only)\n");
+    }
+    if (stage_takes(st, SPLIT_KV))
+        fprintf(f, "  --splits S         cut each KV head's keys into S slices, merged by their logsumexp\n"
+                   "                     (1 to %d; default: the stage's rule, from the shape and the SM count)\n",
+                MAX_SPLITS);
+    if (stage_takes(st, GPU_STAGE)) fprintf(f, "  --flush-l2         empty the L2 cache (read a buffer twice its size) before every timed run\n");
     if (stage_takes(st, GPU_FORWARD))
         fprintf(f, "  --counters         run the kernel's counting build once more and print the work on O\n"
                    "                     it counted, beside the HBM bytes its loop structure moves\n");
     if (stage_takes(st, BACKWARD))
         fprintf(f, "  --deterministic    bitwise-identical dQ from run to run (no atomics; slower)\n");
-    fprintf(f, "  --load DIR         read q.npy k.npy v.npy%s ([B, H, N, d], float32 or float16) from DIR;\n"
-               "                     the shape is theirs (shape flags, if given, must agree)\n"
-               "  --save DIR         write q.npy k.npy v.npy o.npy lse.npy%s (float32) into DIR\n",
-            st->measures_backward ? " and do.npy if there" : "", st->measures_backward ? " do.npy dq.npy dk.npy dv.npy" : "");
+    if (st->kv_cache)
+        fprintf(f, "  --load DIR         read q.npy [B, H, N, d] and k.npy, v.npy [B, H_kv, N_kv, d] (float32 or\n"
+                   "                     float16) from DIR; the shape is theirs (shape flags, if given, must agree)\n");
+    else
+        fprintf(f, "  --load DIR         read q.npy k.npy v.npy%s ([B, H, N, d], float32 or float16) from DIR;\n"
+                   "                     the shape is theirs (shape flags, if given, must agree)\n",
+                st->measures_backward ? " and do.npy if there" : "");
+    fprintf(f, "  --save DIR         write q.npy k.npy v.npy o.npy lse.npy%s (float32) into DIR\n",
+            st->measures_backward ? " do.npy dq.npy dk.npy dv.npy" : "");
     fprintf(f, "  --help             this text\n");
     if (st->arch_sm)
         fprintf(f, "runs on GPUs of compute capability %d.%d only (built for sm_%da); elsewhere it exits 3\n",
                 st->arch_sm / 10, st->arch_sm % 10, st->arch_sm);
     fprintf(f,
             "exit codes: 0 checked and passed, 1 check failed, 2 bad usage or unsupported shape,\n"
-            "            3 no usable GPU for this stage, 4 a CUDA error at run time\n"
-            "example: ./%s --batch 2 --heads 8 --seqlen %d --dim %d --causal\n",
-            st->name, st->device == ON_GPU ? 4096 : 1024, def->sh.d);
+            "            3 no usable GPU for this stage, 4 a CUDA error at run time\n");
+    if (st->max_seqlen) /* a decoder: one generation step, a query per head against the cache */
+        fprintf(f, "example: ./%s --batch 1 --heads 32 --kv-heads 8 --seqlen 1 --kv-len 65536 --dim %d\n", st->name,
+                def->sh.d);
+    else
+        fprintf(f, "example: ./%s --batch 2 --heads 8 --seqlen %d --dim %d --causal\n", st->name,
+                st->device == ON_GPU ? 4096 : 1024, def->sh.d);
 }
 
 static void defaults(const struct stage *st, struct opts *o)
@@ -125,6 +164,12 @@ static void defaults(const struct stage *st, struct opts *o)
         int has64 = 0;
         for (int k = 0; k < 8 && st->dims[k]; k++) has64 |= st->dims[k] == 64;
         if (!has64) o->sh.d = st->dims[0];
+    }
+    if (st->max_seqlen) {
+        /* a stage written for generation: one step of a decoder, a query per head (N = 1) against a
+         * 16k cache, 32 query heads over 8 KV heads of 128 (the shape its issue measures) */
+        o->sh.B = 8, o->sh.H = 32, o->sh.N = 1, o->sh.N_kv = 16384, o->sh.H_kv = 8;
+        if (st->dims[0] == 0 || st->dims[0] == 128 || st->dims[1] == 128) o->sh.d = 128;
     }
     o->dtype = gpu ? DT_F16 : DT_F32;
     o->seed = 1234;
@@ -193,6 +238,9 @@ int parse_opts(const struct stage *st, int argc, char **argv, struct opts *o, in
         else if (!strcmp(name, "--heads")) err = parse_int(val, 1, 1 << 16, &o->sh.H), o->shape_given |= SHAPE_GIVEN_H;
         else if (!strcmp(name, "--seqlen")) err = parse_int(val, 1, 1 << 20, &o->sh.N), o->shape_given |= SHAPE_GIVEN_N;
         else if (!strcmp(name, "--dim")) err = parse_int(val, 1, 1024, &o->sh.d), o->shape_given |= SHAPE_GIVEN_D;
+        else if (!strcmp(name, "--kv-len")) err = parse_int(val, 1, 1 << 24, &o->sh.N_kv), o->shape_given |= SHAPE_GIVEN_NKV;
+        else if (!strcmp(name, "--kv-heads")) err = parse_int(val, 1, 1 << 16, &o->sh.H_kv), o->shape_given |= SHAPE_GIVEN_HKV;
+        else if (!strcmp(name, "--splits")) err = parse_int(val, 1, MAX_SPLITS, &o->sh.splits);
         else if (!strcmp(name, "--warmup")) err = parse_int(val, 0, 1000000, &o->warmup);
         else if (!strcmp(name, "--iters")) err = parse_int(val, 1, 1000000, &o->iters);
         else if (!strcmp(name, "--seed")) {
@@ -216,6 +264,9 @@ int parse_opts(const struct stage *st, int argc, char **argv, struct opts *o, in
         else if (!strcmp(name, "--save")) o->save_dir = val;
         if (err) return bad(st, "%s %s: not a valid value for this option", name, val);
     }
+    /* the KV cache not given: the stage's default, else the queries' own (self-attention) */
+    if (!o->sh.N_kv) o->sh.N_kv = o->sh.N;
+    if (!o->sh.H_kv) o->sh.H_kv = o->sh.H;
     o->sh.scale = softmax_scale > 0 ? softmax_scale : 1.0f / sqrtf((float)o->sh.d);
     o->softmax_scale_set = softmax_scale > 0;
     return 0;
@@ -245,11 +296,13 @@ int check_limits(const struct stage *st, const struct shape *sh, enum dtype dt, 
     /* host memory: Q, K, V, O (fp32) and the reference's copy of O, plus dO and three gradients
      * for a backward; double arithmetic, so a huge shape cannot wrap around */
     const double elems = (double)sh->B * sh->H * sh->N * sh->d;
-    const double bytes = elems * sizeof(float) * (st->measures_backward ? 9 : 5);
+    const double kv_elems = (double)sh->B * shape_kv_heads(sh) * shape_kv_len(sh) * sh->d;
+    /* Q, O and the reference's O; K and V (a backward: also dO, dQ, dK, dV) */
+    const double bytes = (elems * (st->measures_backward ? 7 : 3) + kv_elems * 2) * sizeof(float);
     const double have = machine_bytes();
     if (have > 0 && bytes > have)
-        return bad(st, "B=%d H=%d N=%d d=%d needs about %.3g GB of host memory; this machine has %.3g GB", sh->B, sh->H,
-                   sh->N, sh->d, bytes / 1e9, have / 1e9);
+        return bad(st, "B=%d H=%d N=%d d=%d (N_kv=%d, H_kv=%d) needs about %.3g GB of host memory; this machine has "
+                   "%.3g GB", sh->B, sh->H, sh->N, sh->d, shape_kv_len(sh), shape_kv_heads(sh), bytes / 1e9, have / 1e9);
     if (amplitude > dtype_max(dt))
         return bad(st, "inputs of magnitude %g do not fit %s (largest %g)%s", amplitude, dt == DT_BF16 ? "bf16" : "fp16",
                    dtype_max(dt), dt == DT_BF16 ? "" : ", the dtype every stage's inputs are rounded through");

@@ -64,13 +64,13 @@ static void compare_rows(const struct shape *sh, const float *O, const float *L,
 int check_forward(const struct stage *st, const struct shape *sh, enum dtype dt, const float *Q,
                   const float *K, const float *V, const float *O, const float *L, double *max_err, FILE *log)
 {
-    size_t n = shape_elems(sh);
-    double qmax = max_abs(Q, n), kmax = max_abs(K, n), vmax = max_abs(V, n);
+    size_t n = shape_elems(sh), nkv = shape_kv_elems(sh);
+    double qmax = max_abs(Q, n), kmax = max_abs(K, nkv), vmax = max_abs(V, nkv);
     double tolO = tol_output(sh, dt, qmax, kmax, vmax), tolL = tol_lse(sh, dt, qmax, kmax);
     struct cmp cO, cL;
     int first = 1;
     const char *ref;
-    double macs = (double)sh->B * sh->H * sh->N * sh->N * sh->d;
+    double macs = (double)sh->B * sh->H * sh->N * shape_kv_len(sh) * sh->d;
     if (macs <= (double)CHECK_WHOLE_MAX_MACS) {
         /* the whole output, against stage 1 (stage 1 itself against the fp64 oracle) */
         double *Oref = xmalloc(n * sizeof(double)), *Lref = xmalloc(shape_rows(sh) * sizeof(double));
@@ -116,6 +116,11 @@ int check_forward(const struct stage *st, const struct shape *sh, enum dtype dt,
             }
         }
         free(o);
+        /* and every element finite: the outputs were poisoned (NaN) before the run, so a row the
+         * stage never wrote fails even where no sample falls (a generation shape has a row or
+         * two per head: the sample sees few of them) */
+        if (!cO.nonfinite) cmp_fold_nonfinite(&cO, O, n);
+        if (!cL.nonfinite) cmp_fold_nonfinite(&cL, L, shape_rows(sh));
     }
     *max_err = cO.max_err;
     int pass = cO.pass && cL.pass;
@@ -253,7 +258,9 @@ static int backward_main(const struct stage *st, const struct opts *o, const flo
 }
 
 /* --load DIR: q.npy, k.npy and v.npy of one shape, which then replaces the command line's (a
- * shape flag that was given must agree). Every value must be finite. */
+ * shape flag that was given must agree). A stage that takes a KV cache reads k.npy and v.npy of
+ * their own length and heads, [B, H_kv, N_kv, d] (the batch and head dim q.npy's); for any other
+ * they are q.npy's shape. Every value must be finite. */
 static int load_inputs(const struct stage *st, const struct opts *o, struct shape *sh, float **Q, float **K,
                        float **V, float **dO)
 {
@@ -272,12 +279,18 @@ static int load_inputs(const struct stage *st, const struct opts *o, struct shap
     for (int t = 0; t < count && !rc; t++) {
         snprintf(path, sizeof path, "%s/%s", o->load_dir, names[t]);
         *dst[t] = npy_read4(path, dims[t], why, sizeof why);
+        /* what this tensor must agree with: v.npy with k.npy on a KV cache, else q.npy whole, or,
+         * k.npy on a KV cache, in its batch and head dim alone */
+        const int like = st->kv_cache && t == 2 ? 1 : 0;
+        const int batch_and_dim_only = st->kv_cache && t == 1;
         if (!*dst[t]) {
             fprintf(stderr, "%s: --load: %s\n", st->name, why);
             rc = EXIT_USAGE;
-        } else if (t && memcmp(dims[t], dims[0], sizeof dims[0])) {
-            fprintf(stderr, "%s: --load: %s is [%d, %d, %d, %d] but q.npy is [%d, %d, %d, %d]\n", st->name, names[t],
-                    dims[t][0], dims[t][1], dims[t][2], dims[t][3], dims[0][0], dims[0][1], dims[0][2], dims[0][3]);
+        } else if (t && (batch_and_dim_only ? dims[t][0] != dims[0][0] || dims[t][3] != dims[0][3]
+                                            : memcmp(dims[t], dims[like], sizeof dims[0]) != 0)) {
+            fprintf(stderr, "%s: --load: %s is [%d, %d, %d, %d] but %s is [%d, %d, %d, %d]%s\n", st->name, names[t],
+                    dims[t][0], dims[t][1], dims[t][2], dims[t][3], names[like], dims[like][0], dims[like][1],
+                    dims[like][2], dims[like][3], batch_and_dim_only ? " (their batch and head dim must agree)" : "");
             rc = EXIT_USAGE;
         } else {
             const size_t n = (size_t)dims[t][0] * dims[t][1] * dims[t][2] * dims[t][3];
@@ -291,13 +304,16 @@ static int load_inputs(const struct stage *st, const struct opts *o, struct shap
         }
     }
     if (!rc) {
-        const int given[4] = {o->sh.B, o->sh.H, o->sh.N, o->sh.d};
-        const unsigned bits[4] = {SHAPE_GIVEN_B, SHAPE_GIVEN_H, SHAPE_GIVEN_N, SHAPE_GIVEN_D};
-        const char *flags[4] = {"--batch", "--heads", "--seqlen", "--dim"};
-        for (int j = 0; j < 4 && !rc; j++)
-            if ((o->shape_given & bits[j]) && given[j] != dims[0][j]) {
-                fprintf(stderr, "%s: %s %d contradicts --load: %s/q.npy is [%d, %d, %d, %d] (drop the flag)\n",
-                        st->name, flags[j], given[j], o->load_dir, dims[0][0], dims[0][1], dims[0][2], dims[0][3]);
+        /* the shape flags given, against the files: q.npy's four, k.npy's heads and length */
+        const int given[6] = {o->sh.B, o->sh.H, o->sh.N, o->sh.d, o->sh.H_kv, o->sh.N_kv};
+        const int have[6] = {dims[0][0], dims[0][1], dims[0][2], dims[0][3], dims[1][1], dims[1][2]};
+        const unsigned bits[6] = {SHAPE_GIVEN_B, SHAPE_GIVEN_H, SHAPE_GIVEN_N, SHAPE_GIVEN_D, SHAPE_GIVEN_HKV, SHAPE_GIVEN_NKV};
+        const char *flags[6] = {"--batch", "--heads", "--seqlen", "--dim", "--kv-heads", "--kv-len"};
+        for (int j = 0; j < 6 && !rc; j++)
+            if ((o->shape_given & bits[j]) && given[j] != have[j]) {
+                const int f = j < 4 ? 0 : 1; /* the file the flag is read from */
+                fprintf(stderr, "%s: %s %d contradicts --load: %s/%s is [%d, %d, %d, %d] (drop the flag)\n",
+                        st->name, flags[j], given[j], o->load_dir, names[f], dims[f][0], dims[f][1], dims[f][2], dims[f][3]);
                 rc = EXIT_USAGE;
             }
     }
@@ -308,6 +324,7 @@ static int load_inputs(const struct stage *st, const struct opts *o, struct shap
         return rc;
     }
     sh->B = dims[0][0], sh->H = dims[0][1], sh->N = dims[0][2], sh->d = dims[0][3];
+    sh->H_kv = dims[1][1], sh->N_kv = dims[1][2];
     if (!o->softmax_scale_set) sh->scale = 1.0f / sqrtf((float)sh->d);
     return 0;
 }
@@ -341,12 +358,13 @@ static void warn_if_long(const struct stage *st, const struct opts *o)
 {
     if (st->device != ON_CPU) return;
     struct shape small = o->sh;
-    small.B = small.H = 1;
+    small.B = small.H = small.H_kv = 1;
     small.N = o->sh.N < 256 ? o->sh.N : 256;
+    small.N_kv = shape_kv_len(&o->sh) < 256 ? shape_kv_len(&o->sh) : 256;
     const double full_flops = attn_flops(&o->sh, 0), small_flops = attn_flops(&small, 0);
     if (full_flops < 50 * small_flops) return; /* at most a few calibration runs' worth */
-    size_t n = shape_elems(&small), rows = shape_rows(&small);
-    float *Q = xmalloc(n * sizeof(float)), *K = xmalloc(n * sizeof(float)), *V = xmalloc(n * sizeof(float));
+    size_t n = shape_elems(&small), nkv = shape_kv_elems(&small), rows = shape_rows(&small);
+    float *Q = xmalloc(n * sizeof(float)), *K = xmalloc(nkv * sizeof(float)), *V = xmalloc(nkv * sizeof(float));
     float *O = xmalloc(n * sizeof(float)), *L = xmalloc(rows * sizeof(float));
     make_inputs(&small, o->seed, 1.0f, o->dtype, Q, K, V);
     struct attn_args a = {.sh = small, .dtype = o->dtype, .Q = Q, .K = K, .V = V, .O = O, .L = L};
@@ -370,7 +388,8 @@ static void warn_if_long(const struct stage *st, const struct opts *o)
             full_flops / 1e9, gflops, small.N);
 }
 
-/* --save DIR: each tensor as a float32 .npy, [B, H, N, d] (lse.npy [B, H, N]). */
+/* --save DIR: each tensor as a float32 .npy, [B, H, N, d] (lse.npy [B, H, N]; k.npy and v.npy
+ * [B, H_kv, N_kv, d], and so dk.npy and dv.npy). */
 static int save_outputs(const char *dir, const struct shape *sh, const char *const *names, const float *const *src,
                         int count)
 {
@@ -378,11 +397,15 @@ static int save_outputs(const char *dir, const struct shape *sh, const char *con
         fprintf(stderr, "--save: cannot create %s\n", dir);
         return 1;
     }
-    int dims[4] = {sh->B, sh->H, sh->N, sh->d};
+    const int dims[4] = {sh->B, sh->H, sh->N, sh->d};
+    const int kv_dims[4] = {sh->B, shape_kv_heads(sh), shape_kv_len(sh), sh->d};
     char path[4096];
     for (int t = 0; t < count; t++) {
         snprintf(path, sizeof path, "%s/%s", dir, names[t]);
-        if (npy_write_f32(path, src[t], dims, strcmp(names[t], "lse.npy") ? 4 : 3)) {
+        const char *kv_names[4] = {"k.npy", "v.npy", "dk.npy", "dv.npy"};
+        int kv = 0;
+        for (int j = 0; j < 4; j++) kv |= !strcmp(names[t], kv_names[j]);
+        if (npy_write_f32(path, src[t], kv ? kv_dims : dims, strcmp(names[t], "lse.npy") ? 4 : 3)) {
             fprintf(stderr, "--save: cannot write %s\n", path);
             return 1;
         }
@@ -427,8 +450,7 @@ static int cpu_run_stage(const struct stage *st, const struct opts *o, const flo
 /* The largest |value| of loaded Q and K: the amplitude check_limits judges the scores by. */
 static double loaded_amplitude(const struct shape *sh, const float *Q, const float *K)
 {
-    const size_t n = shape_elems(sh);
-    const double q = max_abs(Q, n), k = max_abs(K, n);
+    const double q = max_abs(Q, shape_elems(sh)), k = max_abs(K, shape_kv_elems(sh));
     return q > k ? q : k;
 }
 
@@ -464,9 +486,10 @@ int harness_main(const struct stage *st, int argc, char **argv)
     if (o.load_dir) { /* the stage computes in its dtype: round what was loaded to it */
         float *t[4] = {Q, K, V, dO};
         for (int j = 0; j < 4; j++)
-            if (t[j]) fill_rounded(t[j], n, o.dtype);
+            if (t[j]) fill_rounded(t[j], j == 1 || j == 2 ? shape_kv_elems(&o.sh) : n, o.dtype);
     } else {
-        Q = xmalloc(n * sizeof(float)), K = xmalloc(n * sizeof(float)), V = xmalloc(n * sizeof(float));
+        const size_t nkv = shape_kv_elems(&o.sh);
+        Q = xmalloc(n * sizeof(float)), K = xmalloc(nkv * sizeof(float)), V = xmalloc(nkv * sizeof(float));
         make_inputs(&o.sh, o.seed, o.input_scale, o.dtype, Q, K, V);
     }
     if (st->measures_backward) {
@@ -488,6 +511,7 @@ int harness_main(const struct stage *st, int argc, char **argv)
         free(Q), free(K), free(V), free(O), free(L);
         return rc;
     }
+    if (st->kv_splits) r.splits = st->kv_splits(&o.sh); /* the slices it cut the keys into, for the report */
     int pass = 1;
     if (o.check) {
         pass = check_forward(st, &o.sh, o.dtype, Q, K, V, O, L, &r.max_err, stderr);

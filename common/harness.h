@@ -32,7 +32,7 @@ struct opts {
     unsigned shape_given; /* SHAPE_GIVEN_* bits: the shape flags on the command line (--load checks them) */
     const char *load_dir, *save_dir;
 };
-enum { SHAPE_GIVEN_B = 1, SHAPE_GIVEN_H = 2, SHAPE_GIVEN_N = 4, SHAPE_GIVEN_D = 8 };
+enum { SHAPE_GIVEN_B = 1, SHAPE_GIVEN_H = 2, SHAPE_GIVEN_N = 4, SHAPE_GIVEN_D = 8, SHAPE_GIVEN_NKV = 16, SHAPE_GIVEN_HKV = 32 };
 /* Fills `o` from argv with the defaults for `st`. Returns 0, or EXIT_USAGE after printing a
  * one-line reason (or EXIT_PASS with help printed: *done is set). Only the options `st` takes
  * are accepted (and listed by --help); any other is refused as unknown. */
@@ -45,7 +45,8 @@ int check_limits(const struct stage *st, const struct shape *sh, enum dtype dt, 
 
 /* ---- inputs (inputs.c) ---- */
 /* Q, K, V as fp32, each value exactly representable in `dt` (and in fp16), drawn from a seeded
- * generator: the same seed gives the same inputs on every machine. */
+ * generator: the same seed gives the same inputs on every machine. Q holds shape_elems values,
+ * K and V shape_kv_elems each. */
 void make_inputs(const struct shape *sh, uint64_t seed, float amplitude, enum dtype dt,
                  float *Q, float *K, float *V);
 void fill_uniform(float *x, size_t n, uint64_t seed, float amplitude, enum dtype dt);
@@ -53,12 +54,14 @@ void fill_uniform(float *x, size_t n, uint64_t seed, float amplitude, enum dtype
 void fill_rounded(float *x, size_t n, enum dtype dt);
 
 /* ---- the fp64 oracle (oracle.c) ---- */
-/* Forward for one query row (b, h, i): o[d] and the logsumexp. */
+/* Forward for one query row (b, h, i): o[d] and the logsumexp, over the keys it sees (keys_seen)
+ * of its KV head (kv_head_of). */
 void oracle_forward_row(const struct shape *sh, const float *Q, const float *K, const float *V,
                         int b, int h, int i, double *o, double *lse);
 void oracle_forward(const struct shape *sh, const float *Q, const float *K, const float *V,
                     double *O, double *L);
-/* Backward of the loss sum(dO * O) with respect to Q, K, V, all in fp64. */
+/* Backward of the loss sum(dO * O) with respect to Q, K, V, all in fp64. Self-attention shapes
+ * only (N_kv = N, H_kv = H: the only ones a backward stage takes). */
 void oracle_backward(const struct shape *sh, const float *Q, const float *K, const float *V,
                      const float *dO, double *dQ, double *dK, double *dV);
 /* The same for one head (b, h) only: dQ, dK, dV are that head's [N, d] (OpenMP over rows). */
@@ -80,6 +83,11 @@ struct cmp {
 struct cmp compare(const float *got, const double *want, size_t n, double tol);
 /* Fold b into a: worst of both, counts added. */
 void cmp_merge(struct cmp *a, const struct cmp *b);
+/* Fold into c the nonfinite elements of x[0..n), if any (how many, and the first as the worst; the
+ * count of elements compared stays c's): for a check that compares a sample of an output, so that
+ * an element never written (poisoned, NaN) fails wherever it is. Call it where the sample itself
+ * found none, or the sample's are counted twice. */
+void cmp_fold_nonfinite(struct cmp *c, const float *x, size_t n);
 /* Print "what: FAIL worst [b,h,i,c] got .. want .. | max_err .. mean .. tol .. nonfinite .." */
 void cmp_print(FILE *f, const char *what, const struct cmp *c, const struct shape *sh, int is_rows);
 
@@ -120,6 +128,7 @@ struct result {
     char checked[96];         /* what the check compared, where the summary says so (backward) */
     size_t extra_bytes;       /* peak scratch the stage used beyond its inputs and outputs */
     int threads;              /* CPU stages: OpenMP threads */
+    int splits;               /* a split-KV stage: the slices of the keys it used (0: not one) */
     int counted;              /* --counters: counts[] holds what the kernel counted */
     unsigned long long counts[N_COUNTERS];
 };
@@ -132,6 +141,9 @@ void print_counters_csv_header(FILE *f);
 void print_counters_csv_row(FILE *f, const struct result *r);
 void print_csv_header(FILE *f);
 void print_csv_row(FILE *f, const struct result *r);
+/* The bytes of K and V a forward reads at least (each element once): 2 * B * H_kv * N_kv * d
+ * elements of the dtype. A split-KV stage's bandwidth is this over its time. */
+double kv_bytes(const struct shape *sh, enum dtype dt);
 const char *build_commit(void);
 
 /* ---- running a stage (harness.c) ---- */

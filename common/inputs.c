@@ -26,11 +26,11 @@ void fill_uniform(float *x, size_t n, uint64_t seed, float amplitude, enum dtype
 void make_inputs(const struct shape *sh, uint64_t seed, float amplitude, enum dtype dt,
                  float *Q, float *K, float *V)
 {
-    size_t n = shape_elems(sh);
-    /* three independent streams: Q, K and V do not share numbers */
+    size_t n = shape_elems(sh), nkv = shape_kv_elems(sh);
+    /* three independent streams: Q, K and V do not share numbers (K and V [B, H_kv, N_kv, d]) */
     fill_uniform(Q, n, seed * 3 + 0, amplitude, dt);
-    fill_uniform(K, n, seed * 3 + 1, amplitude, dt);
-    fill_uniform(V, n, seed * 3 + 2, amplitude, dt);
+    fill_uniform(K, nkv, seed * 3 + 1, amplitude, dt);
+    fill_uniform(V, nkv, seed * 3 + 2, amplitude, dt);
 }
 
 void fill_rounded(float *x, size_t n, enum dtype dt)

@@ -4,17 +4,18 @@
 #include <math.h>
 #include <stdlib.h>
 
-/* o = softmax(scale * q_i K^T) V for one row, masked by causality; lse = log sum exp. */
+/* o = softmax(scale * q_i K^T) V for one row, masked by causality; lse = log sum exp. The row
+ * reads its KV head, hk = h / (H / H_kv), and the keys 0 .. keys_seen(i) - 1 of its N_kv. */
 void oracle_forward_row(const struct shape *sh, const float *Q, const float *K, const float *V,
                         int b, int h, int i, double *o, double *lse)
 {
-    int N = sh->N, d = sh->d;
-    int kend = sh->causal ? i + 1 : N; /* keys 0..kend-1 are visible */
-    double *s = malloc(sizeof(double) * (size_t)N);
+    int d = sh->d, hk = kv_head_of(sh, h);
+    int kend = keys_seen(sh, i); /* keys 0..kend-1 are visible */
+    double *s = malloc(sizeof(double) * (size_t)(kend > 0 ? kend : 1));
     const float *q = Q + idx4(sh, b, h, i, 0);
     double m = -INFINITY;
     for (int j = 0; j < kend; j++) {
-        const float *k = K + idx4(sh, b, h, j, 0);
+        const float *k = K + idx4_kv(sh, b, hk, j, 0);
         double dot = 0;
         for (int c = 0; c < d; c++) dot += (double)q[c] * k[c];
         s[j] = dot * sh->scale;
@@ -25,7 +26,7 @@ void oracle_forward_row(const struct shape *sh, const float *Q, const float *K, 
     for (int j = 0; j < kend; j++) {
         double p = exp(s[j] - m);
         sum += p;
-        const float *v = V + idx4(sh, b, h, j, 0);
+        const float *v = V + idx4_kv(sh, b, hk, j, 0);
         for (int c = 0; c < d; c++) o[c] += p * v[c];
     }
     for (int c = 0; c < d; c++) o[c] /= sum;

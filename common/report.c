@@ -33,37 +33,59 @@ static double tflops(const struct result *r)
     return attn_flops(&r->sh, r->direction[0] == 'b') / (r->ms_median * 1e-3) / 1e12;
 }
 
+/* The bytes of K and V a forward must read at least, once each: what a memory-bound stage (one
+ * query against a long KV cache) is measured by. 16-bit elements on the GPU, fp32 on the CPU. */
+double kv_bytes(const struct shape *sh, enum dtype dt) { return 2.0 * shape_kv_elems(sh) * dtype_size(dt); }
+
+/* "H=32 Hkv=8 N=1 Nkv=16384": the KV side named only where it is not the queries' own */
+static void shape_words(char *buf, size_t n, const struct shape *sh)
+{
+    int k = snprintf(buf, n, "B=%d H=%d", sh->B, sh->H);
+    if (shape_kv_heads(sh) != sh->H) k += snprintf(buf + k, n - k, " Hkv=%d", shape_kv_heads(sh));
+    k += snprintf(buf + k, n - k, " N=%d", sh->N);
+    if (shape_kv_len(sh) != sh->N) k += snprintf(buf + k, n - k, " Nkv=%d", shape_kv_len(sh));
+    snprintf(buf + k, n - k, " d=%d", sh->d);
+}
+
 void print_summary(FILE *f, const struct result *r)
 {
-    char extra[32], err[32];
+    char extra[32], err[32], shape[128];
     human_bytes(extra, sizeof extra, r->extra_bytes);
+    shape_words(shape, sizeof shape, &r->sh);
     if (r->max_err >= 0) snprintf(err, sizeof err, " max_err %.2e", r->max_err);
     else err[0] = 0;
-    fprintf(f, "%-7s B=%d H=%d N=%d d=%d %s  %s %s | check %s%s%s%s%s | %.3f ms (min %.3f) | ",
-            r->st->name, r->sh.B, r->sh.H, r->sh.N, r->sh.d, r->sh.causal ? "causal" : "full",
+    fprintf(f, "%-7s %s %s  %s %s | check %s%s%s%s%s | %.3f ms (min %.3f) | ",
+            r->st->name, shape, r->sh.causal ? "causal" : "full",
             dtype_name(r->dtype), r->direction, r->check[0] == 'p' ? "PASS" : r->check[0] == 'f' ? "FAIL" : "skipped",
             err, r->checked[0] ? " (" : "", r->checked, r->checked[0] ? ")" : "", r->ms_median, r->ms_min);
-    if (r->st->device == ON_GPU)
+    if (r->st->device == ON_GPU && r->splits > 0) /* split-KV: memory-bound, its bandwidth first */
+        fprintf(f, "%.0f GB/s of K, V | %.2f TFLOP/s | %d split%s | extra %s | %s\n",
+                kv_bytes(&r->sh, r->dtype) / (r->ms_median * 1e-3) / 1e9, tflops(r), r->splits,
+                r->splits == 1 ? "" : "s", extra, r->device_name);
+    else if (r->st->device == ON_GPU)
         fprintf(f, "%.1f TFLOP/s | extra %s | %s\n", tflops(r), extra, r->device_name);
     else
         fprintf(f, "%.2f GFLOP/s | extra %s | %d thread%s%s\n", tflops(r) * 1e3, extra, r->threads,
                 r->threads == 1 ? "" : "s", built_with_openmp() ? "" : " (built without OpenMP)");
 }
 
+/* kv_len and kv_heads: the KV cache (seqlen and heads again for self-attention); splits: the
+ * slices of the keys a split-KV stage used, empty for any other stage. */
 void print_csv_header(FILE *f)
 {
     fprintf(f, "stage,direction,gpu,dtype,batch,heads,seqlen,dim,causal,ms_median,ms_min,tflops,"
-               "max_err,check,commit,extra_bytes,threads\n");
+               "max_err,check,commit,extra_bytes,threads,kv_len,kv_heads,splits\n");
 }
 
 void print_csv_row(FILE *f, const struct result *r)
 {
-    char err[32] = "";
+    char err[32] = "", splits[16] = "";
     if (r->max_err >= 0) snprintf(err, sizeof err, "%.3e", r->max_err);
-    fprintf(f, "%s,%s,%s,%s,%d,%d,%d,%d,%d,%.4f,%.4f,%.3f,%s,%s,%s,%zu,%d\n", r->st->name,
+    if (r->splits > 0) snprintf(splits, sizeof splits, "%d", r->splits);
+    fprintf(f, "%s,%s,%s,%s,%d,%d,%d,%d,%d,%.4f,%.4f,%.3f,%s,%s,%s,%zu,%d,%d,%d,%s\n", r->st->name,
             r->direction, r->gpu, dtype_name(r->dtype), r->sh.B, r->sh.H, r->sh.N, r->sh.d,
             r->sh.causal, r->ms_median, r->ms_min, tflops(r), err, r->check, build_commit(),
-            r->extra_bytes, r->threads);
+            r->extra_bytes, r->threads, shape_kv_len(&r->sh), shape_kv_heads(&r->sh), splits);
 }
 
 void print_counters(FILE *f, const struct result *r)

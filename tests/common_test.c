@@ -12,13 +12,25 @@ struct shape test_shape(int B, int H, int N, int d, int causal)
 void test_label(const struct test_case *tc, char *buf, size_t n)
 {
     const struct shape *sh = &tc->sh;
-    snprintf(buf, n, "%s B=%d H=%d N=%d d=%d %s %s x%g", all_stages[tc->stage]->name, sh->B, sh->H, sh->N,
-             sh->d, sh->causal ? "causal" : "full", dtype_name(tc->dtype), tc->amplitude);
+    int k = snprintf(buf, n, "%s B=%d H=%d N=%d d=%d %s %s x%g", all_stages[tc->stage]->name, sh->B, sh->H, sh->N,
+                     sh->d, sh->causal ? "causal" : "full", dtype_name(tc->dtype), tc->amplitude);
+    if (!shape_is_self(sh) && k > 0 && (size_t)k < n) /* the KV cache, where it is not the queries' own */
+        k += snprintf(buf + k, n - k, " Hkv=%d Nkv=%d", shape_kv_heads(sh), shape_kv_len(sh));
+    if (sh->splits && k > 0 && (size_t)k < n) snprintf(buf + k, n - k, " splits=%d", sh->splits);
+}
+
+struct shape test_kv_shape(int B, int H, int H_kv, int N, int N_kv, int d, int causal)
+{
+    struct shape sh = test_shape(B, H, N, d, causal);
+    sh.H_kv = H_kv, sh.N_kv = N_kv;
+    return sh;
 }
 
 uint64_t test_seed(const struct shape *sh)
 {
-    return 1234 + 7919ull * sh->N + 31ull * sh->d + 2ull * sh->causal;
+    /* (the KV terms vanish for self-attention: the seeds of the square grid are what they were) */
+    return 1234 + 7919ull * sh->N + 31ull * sh->d + 2ull * sh->causal + 104729ull * (shape_kv_len(sh) - sh->N) +
+           13ull * (sh->H - shape_kv_heads(sh));
 }
 
 void test_require_gpu(void)

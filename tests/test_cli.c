@@ -226,6 +226,32 @@ static const struct test_bad_cli test_bad_cases[] = {
     {"./stage10", {"--save", "/proc/no/such/dir"}, TEST_NO_LOAD, "--save", 1},
     {"./stage10", {"--counters"}, TEST_NO_LOAD, "unknown option --counters", 1},
     {"./stage9", {"--dim", "96"}, TEST_NO_LOAD, "32 64 128 256", 0},
+    /* the KV cache: H a multiple of H_kv, causal queries the last N of N_kv >= N keys, and a stage
+     * without a KV cache refusing one (from its descriptor, before any device is looked for) */
+    {"./stage1", {"--heads", "6", "--kv-heads", "4"}, TEST_NO_LOAD, "multiple of --kv-heads", 0},
+    {"./stage1", {"--kv-heads", "0"}, TEST_NO_LOAD, "--kv-heads 0", 0},
+    {"./stage1", {"--kv-len", "0"}, TEST_NO_LOAD, "--kv-len 0", 0},
+    {"./stage1", {"--kv-len", "-5"}, TEST_NO_LOAD, "--kv-len -5", 0},
+    {"./stage1", {"--seqlen", "64", "--kv-len", "17", "--causal"}, TEST_NO_LOAD, "at least --seqlen", 0},
+    {"./stage3", {"--kv-len", "100"}, TEST_NO_LOAD, "self-attention only", 0},
+    {"./stage2", {"--heads", "4", "--kv-heads", "2"}, TEST_NO_LOAD, "self-attention only", 0},
+    {"./stage9", {"--seqlen", "1", "--kv-len", "4096"}, TEST_NO_LOAD, "self-attention only", 0},
+    {"./stage10", {"--heads", "8", "--kv-heads", "2"}, TEST_NO_LOAD, "self-attention only", 0},
+    {"./stage1", {""}, TEST_LOAD_K_DIMS, "v.npy", 0}, /* a KV cache, but k.npy and v.npy disagree */
+    {"./stage1", {"--kv-len", "9"}, TEST_LOAD_GOOD, "--kv-len 9 contradicts --load", 0},
+    /* --splits: stage 14's alone, 1 to 1024 */
+    {"./stage1", {"--splits", "2"}, TEST_NO_LOAD, "unknown option --splits", 0},
+    {"./stage9", {"--splits", "2"}, TEST_NO_LOAD, "unknown option --splits", 0},
+    {"./stage14", {"--splits", "0"}, TEST_NO_LOAD, "--splits 0", 0},
+    {"./stage14", {"--splits", "1025"}, TEST_NO_LOAD, "--splits 1025", 0},
+    {"./stage14", {"--splits", "two"}, TEST_NO_LOAD, "--splits two", 0},
+    /* stage 14: written for generation, at most 64 queries; d = 64, 128; fp16, bf16; no counters */
+    {"./stage14", {"--seqlen", "65"}, TEST_NO_LOAD, "at most 64", 0},
+    {"./stage14", {"--dim", "256"}, TEST_NO_LOAD, "64 128", 0},
+    {"./stage14", {"--dtype", "fp32"}, TEST_NO_LOAD, "fp32", 0},
+    {"./stage14", {"--heads", "12"}, TEST_NO_LOAD, "multiple of --kv-heads", 0}, /* its default: 8 KV heads */
+    {"./stage14", {"--counters"}, TEST_NO_LOAD, "unknown option --counters", 0},
+    {"./stage14", {"--seqlen", "8", "--kv-len", "4", "--causal"}, TEST_NO_LOAD, "at least --seqlen", 0},
 };
 
 ParameterizedTestParameters(cli, bad_usage_exits_2)
@@ -282,6 +308,11 @@ Test(cli, help_lists_what_the_stage_takes)
         {"./stage9", {"fp16 or bf16", "32, 64, 128 or 256", "--load"}, {"--deterministic", "fp32", NULL}},
         {"./stage10", {"fp16 or bf16", "--deterministic", "do.npy dq.npy"}, {"--counters", "--dtype T          fp32", NULL}},
         {"./stage11", {"64, 128 or 256", "compute capability 9.0 only", "--counters"}, {"32, 64", "fp32", NULL}},
+        {"./stage1", {"--kv-heads H_kv    KV heads, each shared", "--kv-len N_kv      keys and values: a KV cache",
+                      "any d >= 1"}, {"--splits", "--counters", NULL}},
+        {"./stage9", {"(this stage: N_kv = N only", "--kv-heads", NULL}, {"--splits", NULL, NULL}},
+        {"./stage14", {"--splits S", "queries per head, 1 to 64", "--kv-len N_kv      keys and values: a KV cache"},
+         {"--counters", "fp32", "--deterministic"}},
     };
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         if (access(cases[k].bin, X_OK) != 0) continue; /* a GPU stage without nvcc */
@@ -322,6 +353,76 @@ Test(cli, csv_is_a_header_and_one_row)
     test_csv_field(row, 6, seqlen, sizeof seqlen);
     cr_assert(!strcmp(check, "pass") && !strcmp(seqlen, "64"), "./stage2 --csv: check '%s' seqlen '%s' in\n%s",
               check, seqlen, row);
+}
+
+/* The CSV row names the KV cache: kv_len and kv_heads after the columns every stage prints, and
+ * splits (empty: stage 1 does not split the keys). */
+Test(cli, csv_names_the_kv_cache)
+{
+    struct test_proc p;
+    test_spawn((char *[]){"./stage1", "--csv", "--seqlen", "4", "--kv-len", "33", "--heads", "4", "--kv-heads", "2",
+                          "--dim", "16", "--causal", NULL}, &p);
+    cr_assert(p.code == EXIT_PASS, "./stage1 --csv --kv-len 33: exit %d; stderr:\n%s", p.code, p.err);
+    const char *row = strchr(p.out, '\n') + 1;
+    cr_assert(strstr(p.out, ",kv_len,kv_heads,splits\n") != NULL, "header without the KV columns:\n%s", p.out);
+    char kv_len[16], kv_heads[16], splits[16], check[16];
+    test_csv_field(row, 17, kv_len, sizeof kv_len);
+    test_csv_field(row, 18, kv_heads, sizeof kv_heads);
+    test_csv_field(row, 19, splits, sizeof splits);
+    test_csv_field(row, 13, check, sizeof check);
+    cr_assert(!strcmp(kv_len, "33") && !strcmp(kv_heads, "2") && !strcmp(splits, "") && !strcmp(check, "pass"),
+              "kv_len '%s' kv_heads '%s' splits '%s' check '%s' in\n%s", kv_len, kv_heads, splits, check, row);
+}
+
+/* A KV cache through --save and --load: k.npy and v.npy are [B, H_kv, N_kv, d], and stage 1 loads
+ * them back to the same shape and the same answer. */
+Test(cli, kv_cache_save_then_load)
+{
+    char a[128], b[128], path[160], why[256];
+    test_path(a, sizeof a, "kv_first");
+    test_path(b, sizeof b, "kv_second");
+    struct test_proc p;
+    test_spawn((char *[]){"./stage1", "--batch", "2", "--heads", "6", "--kv-heads", "2", "--seqlen", "3", "--kv-len",
+                          "50", "--dim", "16", "--causal", "--save", a, NULL}, &p);
+    cr_assert(p.code == EXIT_PASS, "./stage1 --save: exit %d; stderr:\n%s", p.code, p.err);
+    cr_assert(strstr(p.out, "stage1  B=2 H=6 Hkv=2 N=3 Nkv=50 d=16 causal"), "summary is\n%s", p.out);
+    test_spawn((char *[]){"./stage1", "--load", a, "--causal", "--save", b, NULL}, &p);
+    cr_assert(p.code == EXIT_PASS, "./stage1 --load: exit %d; stderr:\n%s", p.code, p.err);
+    cr_assert(strstr(p.out, "stage1  B=2 H=6 Hkv=2 N=3 Nkv=50 d=16 causal") && strstr(p.out, "check PASS"),
+              "./stage1 --load: summary is\n%s", p.out);
+    const char *names[4] = {"q.npy", "k.npy", "v.npy", "o.npy"};
+    const int want[4][4] = {{2, 6, 3, 16}, {2, 2, 50, 16}, {2, 2, 50, 16}, {2, 6, 3, 16}};
+    for (int j = 0; j < 4; j++) {
+        float *x[2];
+        int dims[2][4];
+        for (int s = 0; s < 2; s++) {
+            snprintf(path, sizeof path, "%s/%s", s ? b : a, names[j]);
+            x[s] = npy_read4(path, dims[s], why, sizeof why);
+            cr_assert(x[s] != NULL, "%s", why);
+            cr_assert(!memcmp(dims[s], want[j], sizeof want[j]), "%s is [%d, %d, %d, %d], want [%d, %d, %d, %d]", path,
+                      dims[s][0], dims[s][1], dims[s][2], dims[s][3], want[j][0], want[j][1], want[j][2], want[j][3]);
+        }
+        const size_t n = (size_t)want[j][0] * want[j][1] * want[j][2] * want[j][3];
+        cr_assert(!memcmp(x[0], x[1], n * sizeof(float)), "%s differs after --load and --save", names[j]);
+        free(x[0]), free(x[1]);
+    }
+}
+
+/* Stage 14 with no arguments: the issue's decode step, checked, where there is a GPU; exit 3 with one
+ * line where there is none. */
+Test(cli, stage14_default_run)
+{
+    char why[256];
+    if (access("./stage14", X_OK) != 0) cr_skip_test("./stage14 is not built here (a GPU stage needs nvcc)");
+    struct test_proc p;
+    test_spawn((char *[]){"./stage14", "--iters", "2", NULL}, &p);
+    if (!gpu_available || gpu_available(why, sizeof why)) {
+        test_assert_one_line_failure(&p, EXIT_NO_DEVICE, "./stage14", NULL);
+        return;
+    }
+    cr_assert(p.code == EXIT_PASS, "./stage14: exit %d; stderr:\n%s", p.code, p.err);
+    cr_assert(strstr(p.out, "B=8 H=32 Hkv=8 N=1 Nkv=16384 d=128") && strstr(p.out, "GB/s of K, V") &&
+              strstr(p.out, "check PASS"), "./stage14: summary is\n%s", p.out);
 }
 
 /* Stage 1 saves its inputs and outputs; stage 3 loads those inputs (the shape comes from the

@@ -8,7 +8,7 @@
 struct gpu_info {
     char name[256];
     char slug[64];       /* "h200": the name the benchmark's CSV file and column use */
-    int l2_bytes;        /* --flush-l2 overwrites twice this before each timed run */
+    int l2_bytes;        /* --flush-l2 reads twice this before each timed run */
 };
 /* The current device's properties (exits with a message if there is none). */
 struct gpu_info gpu_query(void);

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# bench_decode.sh: the decode stages (stage 14) at the shapes of generation, measured as what they
+# are, memory-bound: one query per head (N = 1) against a KV cache of N_kv = 1k .. 128k positions,
+# B = 1 and 8, H = 32 query heads over H_kv = 8 KV heads, d = 128, fp16. In one run:
+#   - the device's copy bandwidth (bench/copy_bw: cudaMemcpy of 1 GiB device to device, 2 x bytes
+#     over the time), before the stages and again after them; the higher of the two is the yardstick;
+#   - each stage with --flush-l2 (K and V come from HBM, as in a decoder where other layers ran in
+#     between), at its own number of slices and at --splits 1 (one block per (batch, KV head, row
+#     tile): the training kernel's grid, the waste this stage removes);
+#   - PyTorch's scaled_dot_product_attention, every CUDA backend that takes the shape
+#     (bench/torch_decode.py: K and V grouped where the backend takes it, repeated per head where not),
+#     with the same L2 flush, when python3 with CUDA-enabled torch is present.
+# Rows appended to bench/data/<gpu>_decode.csv: the stages' columns (common/report.c: kv_len,
+# kv_heads and splits among them), then
+#   gqa          native (K, V read at H_kv heads) or repeated (torch, K and V repeat_interleave'd)
+#   kv_bytes     2 B H_kv N_kv d x 2 bytes: K and V read once, the least any implementation reads
+#   kv_gbps      kv_bytes / ms_median
+#   copy_gbps    the copy bandwidth measured in this run
+#   pct_of_copy  100 kv_gbps / copy_gbps
+# and a verdict on stderr for the issue's two claims (>= 80% of the copy bandwidth at N_kv >= 16k;
+# at least as fast as the best torch backend at N_kv >= 4k), each row named.
+# Environment: STAGES ("stage14"), BATCHES, KV_LENS, HEADS, KV_HEADS, DIM, WARMUP, ITERS, FA_COMMIT,
+# DECODE_CSV (the file appended to; default bench/data/<gpu>_decode.csv), TORCH=0 (no torch rows).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source bench/csv.sh
+STAGES=${STAGES:-stage14}
+BATCHES=${BATCHES:-"1 8"}
+KV_LENS=${KV_LENS:-"1024 2048 4096 8192 16384 32768 65536 131072"}
+HEADS=${HEADS:-32}
+KV_HEADS=${KV_HEADS:-8}
+DIM=${DIM:-128}
+WARMUP=${WARMUP:-5}
+ITERS=${ITERS:-30}
+export FA_COMMIT=${FA_COMMIT:-unknown}
+
+rows=$(mktemp)
+trap 'rm -f "$rows"' EXIT
+[ -x bench/copy_bw ] || { echo "bench_decode: bench/copy_bw is not built (make bench/copy_bw)" >&2; exit 2; }
+copy_gbps() { bench/copy_bw --warmup 3 --iters 20 | csv_awk '{ print get("copy_gbps") }'; }
+copy_before=$(copy_gbps)
+
+header=""
+failed=0
+for s in $STAGES; do for b in $BATCHES; do for nkv in $KV_LENS; do for split in "" 1; do
+  label="$s B=$b N_kv=$nkv${split:+ --splits $split}"
+  args=(--batch "$b" --heads "$HEADS" --kv-heads "$KV_HEADS" --seqlen 1 --kv-len "$nkv" --dim "$DIM"
+        --flush-l2 --warmup "$WARMUP" --iters "$ITERS" --csv)
+  [ -n "$split" ] && args+=(--splits "$split")
+  if out=$("./$s" "${args[@]}"); then :; else
+    echo "$label ... FAILED (exit $?)" >&2
+    failed=1
+    [ -n "$out" ] || continue
+  fi
+  h=$(head -n1 <<< "$out")
+  [ -n "$header" ] || header=$h
+  if [ "$h" != "$header" ]; then
+    echo "bench_decode: ./$s --csv printed another header than the runs before it" >&2
+    exit 2
+  fi
+  printf '%s,native\n' "$(sed -n 2p <<< "$out")" >> "$rows"
+  echo "$label ... $(csv_awk '{ printf "%.1f us, %.0f GB/s of K, V, %s slices, check %s", 1e3 * get("ms_median"),
+    4 * get("batch") * get("kv_heads") * get("kv_len") * get("dim") / (get("ms_median") * 1e-3) / 1e9, get("splits"),
+    get("check") }' <<< "$out")" >&2
+done; done; done; done
+[ -n "$header" ] || { echo "bench_decode: no stage printed a row" >&2; exit 1; }
+header="$header,gqa"
+
+if [ "${TORCH:-1}" != 0 ] && python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+  # shellcheck disable=SC2086
+  python3 bench/torch_decode.py --columns "$header" --batches $BATCHES --kv-lens $KV_LENS --heads "$HEADS" \
+    --kv-heads "$KV_HEADS" --seqlen 1 --dim "$DIM" --warmup "$WARMUP" --iters "$ITERS" >> "$rows" || failed=1
+else
+  echo "bench_decode: no torch rows this run (python3 with CUDA-enabled torch not found, or TORCH=0)" >&2
+fi
+
+copy_after=$(copy_gbps)
+copy=$(awk -v a="$copy_before" -v b="$copy_after" 'BEGIN { print (a > b ? a : b) }')
+echo "bench_decode: copy bandwidth $copy_before GB/s before the runs, $copy_after after; $copy is the yardstick" >&2
+
+# the bandwidth columns, computed for every row by name
+full=$( { echo "$header"; cat "$rows"; } | csv_awk -v copy="$copy" '
+  BEGIN { OFS = "," }
+  { bytes = 4 * get("batch") * get("kv_heads") * get("kv_len") * get("dim"); gbps = bytes / (get("ms_median") * 1e-3) / 1e9
+    printf "%s,%.0f,%.1f,%.1f,%.1f\n", $0, bytes, gbps, copy, 100 * gbps / copy }')
+gpu=$( { echo "$header"; head -n1 "$rows"; } | csv_awk '{ print get("gpu") }')
+out=${DECODE_CSV:-bench/data/${gpu}_decode.csv}
+csv_append "$out" "$header,kv_bytes,kv_gbps,copy_gbps,pct_of_copy" <<< "$full"
+echo "bench_decode: $(wc -l <<< "$full") rows appended to $out" >&2
+
+# the issue's claims, from this run's rows: each stage at its own slices (splits > 1 or the rule's 1;
+# the --splits 1 rows are the ablation) against the copy bandwidth and the fastest torch backend
+{ echo "$header,kv_bytes,kv_gbps,copy_gbps,pct_of_copy"; echo "$full"; } | csv_awk -v stages="$STAGES" '
+  BEGIN { n = split(stages, st, " "); for (i = 1; i <= n; i++) isstage[st[i]] = 1 }
+  { key = get("batch") " " get("kv_len"); s = get("stage"); ms = get("ms_median") + 0
+    if (s ~ /^torch-/) { if (!(key in best) || ms < best[key]) { best[key] = ms; who[key] = s } ; next }
+    if (!(s in isstage)) next
+    # the first row of a (stage, shape) is the run at the stage'"'"'s own rule; the second its --splits 1
+    if ((s " " key) in seen) { one[s " " key] = ms; next }
+    seen[s " " key] = 1; order[++m] = s " " key; t[s " " key] = ms; pct[s " " key] = get("pct_of_copy") + 0
+    sp[s " " key] = get("splits") }
+  END {
+    ok = 1
+    for (i = 1; i <= m; i++) {
+      k = order[i]; split(k, f, " "); key = f[2] " " f[3]; nkv = f[3] + 0
+      line = sprintf("%s B=%s N_kv=%6d: %7.1f us, %5.1f%% of copy (%s slices; --splits 1: %s us)", f[1], f[2], nkv,
+                     1e3 * t[k], pct[k], sp[k], (k in one) ? sprintf("%.1f", 1e3 * one[k]) : "-")
+      if (key in best) line = line sprintf(", best torch %s %.1f us: %.2fx", who[key], 1e3 * best[key], best[key] / t[k])
+      verdict = ""
+      if (nkv >= 16384 && pct[k] < 80) { verdict = verdict " [below 80% of copy]"; ok = 0 }
+      if (nkv >= 4096 && (key in best) && t[k] > best[key]) { verdict = verdict " [slower than torch]"; ok = 0 }
+      if (nkv >= 4096 && !(key in best)) verdict = verdict " [no torch row]"
+      print line verdict > "/dev/stderr"
+    }
+    print (ok ? "bench_decode: the claims hold in this run (>= 80% of copy at N_kv >= 16k, no torch backend faster at N_kv >= 4k)" \
+              : "bench_decode: a claim FAILS in this run (rows marked above)") > "/dev/stderr"
+  }'
+exit $failed

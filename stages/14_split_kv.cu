@@ -1,0 +1,585 @@
+/* 14_split_kv.cu: attention for generation, one query against a long KV cache (Flash-Decoding)
+ *
+ * Changed from stage 9: the shape. A decoder generating a token has N_q = 1 query per head (up to
+ *   64: a few tokens of speculation or a short prompt) against N_kv keys of a cache that grows to
+ *   100k and more, and its query heads share KV heads in groups (grouped-query attention: H / H_kv
+ *   heads read one K and V; H_kv = 1 is multi-query). Stage 9 gives such a problem one block per
+ *   (batch, head) that walks all N_kv keys alone: B * H blocks on an H200's 132 SMs, and each group
+ *   of heads reads its K and V once per head. So:
+ *   - the rows of one KV group: the G = H / H_kv query heads of a group are consecutive, so their
+ *     G * N_q rows are one contiguous [G N_q, d] matrix of Q (and of O, and of L). A block takes
+ *     16 of those rows, the M of one mma.sync m16n8k16 (padded when G N_q < 16): K and V are read
+ *     once for the whole group, not once per head;
+ *   - split-KV: the keys of each (batch, KV head) are cut into S slices, a block per slice: grid
+ *     (B * H_kv * row tiles, S). Each block runs stage 9's online softmax over its slice alone and
+ *     writes a partial O_s (fp32, normalized by its own l_s) and its logsumexp L_s to a workspace;
+ *   - the merge (stage14_combine_kernel): O = sum_s exp(L_s - L) O_s with L = log sum_s exp(L_s),
+ *     the online softmax's rescaling once more, across slices instead of tiles;
+ *   - inside a block, the four warps split each K/V tile by keys (16 rows are one warp's worth of
+ *     queries, so the warps cannot split rows as in stage 9) and merge the same way at the end;
+ *   - S from the shape and the SM count (splits_for): one full wave, every block resident at once;
+ *     --splits S overrides it;
+ *   - three K/V tiles in flight (a cp.async ring, stage 9 has two): the kernel does little per
+ *     byte, so what matters is how many bytes each SM has requested;
+ *   - on Hopper the merge kernel is launched programmatically dependent (PDL): it is scheduled while
+ *     the split kernel drains and starts reading the moment it ends;
+ *   - causal means the queries are the last N_q of the N_kv positions: query i sees keys up to
+ *     N_kv - N_q + i (bottom-right, as FlashAttention; keys_seen in common/attn.h).
+ * Why: one query is a matrix-vector product per head. Each K and V element is used G N_q times
+ *   (4 at the issue's shape): far below the ~300 FLOPs per byte where an H200 stops being limited
+ *   by HBM. The roofline is the bandwidth: time = bytes of K and V / HBM bandwidth, reachable only
+ *   with every SM streaming.
+ * Measured on H200: notes/14_split_kv.md (make bench-decode, bench/data/h200_decode.csv).
+ * Run: ./stage14 --batch 1 --heads 32 --kv-heads 8 --seqlen 1 --kv-len 65536 --dim 128
+ */
+#include "common/attn.h"
+#include "common/cuda/cuda_check.h"
+#include "common/cuda/defs.cuh"
+#include "common/cuda/launch.cuh"
+#include "common/cuda/mma.cuh"
+#include "common/cuda/swizzle.cuh"
+
+#include <algorithm>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdio.h>
+
+namespace {
+
+/* ---- configuration ---- */
+
+/* Query rows per block: one m16 tile of the mma, which holds a whole group at the issue's shape
+ * (G = 4 heads, N_q = 1) and up to 16 rows of larger ones; more rows take more row tiles, each
+ * reading the slice of K and V again (from L2 when they run together). */
+constexpr int Br = 16;
+/* Four warps, each taking a quarter of the keys of every K/V tile. */
+constexpr int NWARPS = 4;
+/* K/V tiles in the cp.async ring: tile j computes while j+1 and j+2 copy. Three tiles of K and V,
+ * 32 KiB each (Q_i borrows the last buffer until the loop starts), make 96 KiB: two blocks share an
+ * SM on sm_90 (227 KiB), with four tiles (128 KiB) requested per SM at any time, more than an SM's
+ * share of HBM's bytes in flight (Little's law: ~4.5 TB/s x ~1 us / 132 SMs ~ 35 KiB); and it fits
+ * the 99 KiB of consumer GPUs. */
+constexpr int STAGES = 3;
+/* The merge: a block of 256 threads per row, four columns a thread, 8 (d = 128) or 16 (d = 64)
+ * threads per column each summing its share of the slices; at most MAX_SPLITS slices (the
+ * weights sit in shared memory; --splits allows no more). */
+constexpr int COMBINE_THREADS = 256;
+constexpr int MAX_SPLITS = 1024;
+
+/* Per head dim: Bc keys per K/V tile, so that a tile of K and V is 32 KiB either way. */
+template <int HeadDim>
+struct cfg;
+template <>
+struct cfg<64> { static constexpr int Bc = 128; };
+template <>
+struct cfg<128> { static constexpr int Bc = 64; };
+
+template <int HeadDim>
+struct tiles {
+    static constexpr int Bc = cfg<HeadDim>::Bc;
+    static constexpr int NTHREADS = NWARPS * WARP_SIZE;
+    static constexpr int KEYS_PER_WARP = Bc / NWARPS; /* 32 (d = 64) or 16 (d = 128) */
+    static constexpr unsigned TILE_BYTES = 2 * Bc * HeadDim; /* one K (or V) tile, 16-bit */
+    /* The loop's shared memory: the ring of K_j and of V_j, [STAGES][Bc][HeadDim] each. Q_i
+     * [Br][HeadDim] is copied into the last K buffer, which the first tiles leave free: it goes to
+     * registers before tile STAGES - 1 is copied there. */
+    static constexpr size_t K_j = 0;
+    static constexpr size_t V_j = K_j + (size_t)STAGES * TILE_BYTES;
+    static constexpr size_t Q_i = K_j + (size_t)(STAGES - 1) * TILE_BYTES;
+    static constexpr size_t loop_bytes = V_j + (size_t)STAGES * TILE_BYTES;
+    /* After the loop, over the same memory: each warp's O [NWARPS][Br][O_STRIDE] fp32 (rows padded by
+     * 8 floats, so that the 8 rows a warp's lanes write at once fall in different banks), then its
+     * m (log2 units) and l per row [NWARPS][Br] each. */
+    static constexpr int O_STRIDE = HeadDim + 8;
+    static constexpr size_t merge_O = 0;
+    static constexpr size_t merge_m = merge_O + 4 * (size_t)NWARPS * Br * O_STRIDE;
+    static constexpr size_t merge_l = merge_m + 4 * (size_t)NWARPS * Br;
+    static constexpr size_t merge_bytes = merge_l + 4 * (size_t)NWARPS * Br;
+    static constexpr size_t bytes = loop_bytes > merge_bytes ? loop_bytes : merge_bytes;
+    static_assert(Br == 16, "a block's rows are one m16 tile of the mma");
+    static_assert(KEYS_PER_WARP % 16 == 0, "each warp's keys are whole k16 steps of P_ij V_j");
+    static_assert(2 * Br * HeadDim <= TILE_BYTES && STAGES >= 2, "Q_i fits the K buffer it borrows");
+};
+
+/* ---- kernels ---- */
+
+/* One block: rows r0 .. r0 + 15 of one (batch, KV head) group's G * N_q query rows, against the
+ * keys of slice blockIdx.y of that KV head. With one slice (gridDim.y == 1) it writes O and L
+ * itself; otherwise its partial O_s and L_s, for stage14_combine_kernel. */
+template <typename T, int HeadDim>
+__global__ void __launch_bounds__(tiles<HeadDim>::NTHREADS)
+stage14_split_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__restrict__ V, T *__restrict__ O,
+                     float *__restrict__ L, float *__restrict__ O_part, float *__restrict__ L_part, int B, int H,
+                     int H_kv, int N_q, int N_kv, int causal, float scale_log2, int row_tiles)
+{
+    typedef tiles<HeadDim> Tiles;
+    typedef mma16<T> M;
+    constexpr int NTHREADS = Tiles::NTHREADS, Bc = Tiles::Bc, KW = Tiles::KEYS_PER_WARP;
+    constexpr int KT = KW / 8;      /* key tiles: n8 tiles of S_ij in this warp's keys of a tile */
+    constexpr int DT = HeadDim / 8; /* dim tiles: n8 column tiles of O_i */
+    extern __shared__ __align__(128) unsigned char smem[];
+    T *Q_i = (T *)(smem + Tiles::Q_i);
+    T *K_ring = (T *)(smem + Tiles::K_j); /* [STAGES][Bc][HeadDim] */
+    T *V_ring = (T *)(smem + Tiles::V_j);
+
+    const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
+    const int g = lane >> 2, t = lane & 3; /* groupID, tid_in_group (see mma.cuh) */
+
+    /* Which rows, which keys. x = (batch, KV head, row tile), y = the slice of the keys. */
+    const int G = H / H_kv, M_rows = G * N_q; /* the group's query rows: G heads of N_q queries */
+    const int rt = blockIdx.x % row_tiles, bhk = blockIdx.x / row_tiles;
+    const int b = bhk / H_kv, hk = bhk % H_kv;
+    const int r0 = rt * Br; /* this block's first row of the group's */
+    /* the group's rows are contiguous in Q, O and L: heads hk G .. hk G + G - 1 of batch b */
+    const size_t group_row0 = ((size_t)b * H + (size_t)hk * G) * N_q;
+    Q += group_row0 * HeadDim;
+    K += (size_t)bhk * N_kv * HeadDim;
+    V += (size_t)bhk * N_kv * HeadDim;
+    /* The slice: tiles [j_begin, j_end) of the Tc tiles of Bc keys, the slices within a tile of
+     * each other in size (a slice may be empty when S > Tc: it then writes L_s = -inf, weight 0). */
+    const int Tc = CEIL_DIV(N_kv, Bc), S = gridDim.y, s = blockIdx.y;
+    const int j_begin = (int)((long long)s * Tc / S), j_end = (int)((long long)(s + 1) * Tc / S);
+
+    /* This lane's two rows (mma C layout: g and g + 8 of the tile) and the last key each sees: all
+     * N_kv, or causal, its query's position N_kv - N_q + i. A padding row (past the group's) sees
+     * all keys; it is computed and never written. Tiles before the first key some row cannot see
+     * need no mask at all. */
+    int last_key[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = r0 + 8 * h + g;
+        last_key[h] = causal && r < M_rows ? N_kv - N_q + r % N_q : N_kv - 1;
+    }
+    const int unmasked_below = causal ? N_kv - N_q : N_kv - 1; /* every row sees keys 0 .. this */
+
+    /* This lane's ldmatrix addresses at the first fragment of each operand (the rest are
+     * swizzle_steps from them): this warp's keys of K (stored as B^T) and of V (read .trans). */
+    const unsigned K_lane = swizzle_addr<HeadDim>((unsigned)__cvta_generic_to_shared(K_ring),
+                                                  warp * KW + b_order_row(lane), b_order_chunk(lane));
+    const unsigned V_lane = swizzle_addr<HeadDim>((unsigned)__cvta_generic_to_shared(V_ring),
+                                                  warp * KW + a_order_row(lane), a_order_chunk(lane));
+    const swizzled_tile_loader<T, HeadDim, Bc, NTHREADS> kv_loader;
+
+    /* Q_i, its own cp.async group (into the K buffer tile STAGES - 1 will take); then the first
+     * STAGES - 1 tiles of the slice, a group each (committed even when empty, so that "tile j has
+     * landed" is always the same wait). */
+    load_tile_swizzled<T, HeadDim, Br, NTHREADS>(Q_i, Q, r0, M_rows); /* rows past the group: zeros */
+    cp_async_commit();
+#pragma unroll
+    for (int p = 0; p < STAGES - 1; p++) {
+        if (j_begin + p < j_end) {
+            kv_loader.load(K_ring + p * Bc * HeadDim, K, (j_begin + p) * Bc, N_kv);
+            kv_loader.load(V_ring + p * Bc * HeadDim, V, (j_begin + p) * Bc, N_kv);
+        }
+        cp_async_commit();
+    }
+    cp_async_wait<STAGES - 1>();
+    __syncthreads(); /* Q_i in shared memory (the K/V tiles may still be on their way); its buffer is
+                      * copied over only after the loop's first barrier, when every warp has it */
+    /* Q_i stays in registers for the whole slice: A fragments, one per k16 step of the head dim */
+    uint32_t Q_frag[HeadDim / 16][4];
+#pragma unroll
+    for (int k = 0; k < HeadDim / 16; k++) frag_A<HeadDim>(Q_frag[k], Q_i, 0, k * 16);
+
+    /* m_i: running max of this warp's raw scores of each of the lane's two rows; l_i: the lane's part
+     * of the row sum (added across the quad at the end); O_acc: the unnormalized O_i. */
+    float O_acc[DT][4] = {};
+    float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};
+
+    for (int j = j_begin; j < j_end; j++) {
+        const int step = j - j_begin;
+        cp_async_wait<STAGES - 2>();
+        __syncthreads(); /* tile j in shared memory for every warp; every warp is done with tile j-1,
+                          * whose buffer the copy below takes */
+        if (j + STAGES - 1 < j_end) { /* tile j + STAGES - 1 copies while tile j computes */
+            const int buf = (step + STAGES - 1) % STAGES;
+            kv_loader.load(K_ring + buf * Bc * HeadDim, K, (j + STAGES - 1) * Bc, N_kv);
+            kv_loader.load(V_ring + buf * Bc * HeadDim, V, (j + STAGES - 1) * Bc, N_kv);
+        }
+        cp_async_commit();
+        const unsigned K_j = K_lane + (step % STAGES) * Tiles::TILE_BYTES;
+        const unsigned V_j = V_lane + (step % STAGES) * Tiles::TILE_BYTES;
+        const int key0 = j * Bc + warp * KW; /* this warp's first key of the tile */
+
+        /* S_ij = Q_i K_j^T over this warp's KW keys (raw: the scale goes inside the exponential) */
+        float S_ij[KT][4] = {};
+#pragma unroll
+        for (int k = 0; k < HeadDim / 16; k++)
+#pragma unroll
+            for (int kb = 0; kb < KW / 16; kb++) {
+                uint32_t Kf[4]; /* B fragments: Kf[0..1] keys 16 kb .. +7, Kf[2..3] keys 16 kb + 8 .. +15 */
+                ldmatrix_x4_at(Kf, swizzle_step<HeadDim>(K_j, kb * 16, 2 * k));
+                M::mma(S_ij[2 * kb], Q_frag[k], &Kf[0]);
+                M::mma(S_ij[2 * kb + 1], Q_frag[k], &Kf[2]);
+            }
+
+        /* Masks, on the last tile or two only: keys past N_kv (the tail) and, causal, keys after a
+         * row's position. */
+        if (j * Bc + Bc - 1 > unmasked_below) {
+#pragma unroll
+            for (int nt = 0; nt < KT; nt++)
+#pragma unroll
+                for (int c = 0; c < 4; c++)
+                    if (key0 + nt * 8 + 2 * t + (c & 1) > last_key[c >> 1]) S_ij[nt][c] = -INFINITY;
+        }
+
+        /* The online softmax per row, as stage 9's:
+         *   m_new = max(m_i, rowmax(S_ij));  base = scale * m_new * log2(e)
+         *   P_ij  = exp2(scale_log2 * S_ij - base);  alpha = exp2(scale_log2 * m_i - base)
+         *   l_i = alpha l_i + rowsum(P_ij);  O_i *= alpha
+         * A row that has seen only masked keys keeps m = -inf: base = 0, P_ij = 0, not NaN. */
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float mx = m_i[h];
+#pragma unroll
+            for (int nt = 0; nt < KT; nt++) mx = fmaxf(mx, fmaxf(S_ij[nt][2 * h], S_ij[nt][2 * h + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1)); /* the quad holds the row */
+            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
+            const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
+            const float alpha = exp2_approx(m_i[h] * scale_log2 - base);
+            m_i[h] = mx;
+            float sum = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < KT; nt++) {
+                const float p0 = exp2_approx(fmaf(S_ij[nt][2 * h], scale_log2, -base));
+                const float p1 = exp2_approx(fmaf(S_ij[nt][2 * h + 1], scale_log2, -base));
+                S_ij[nt][2 * h] = p0, S_ij[nt][2 * h + 1] = p1;
+                sum += p0 + p1;
+            }
+            l_i[h] = alpha * l_i[h] + sum;
+#pragma unroll
+            for (int nt = 0; nt < DT; nt++) O_acc[nt][2 * h] *= alpha, O_acc[nt][2 * h + 1] *= alpha;
+        }
+
+        /* O_i += P_ij V_j over this warp's keys, one k16 step at a time, P_ij packed from the C layout
+         * of two n8 key tiles into one A fragment (mma.cuh) */
+#pragma unroll
+        for (int kb = 0; kb < KW / 16; kb++) {
+            uint32_t P_ij[4];
+            P_ij[0] = M::pack(S_ij[2 * kb][0], S_ij[2 * kb][1]);
+            P_ij[1] = M::pack(S_ij[2 * kb][2], S_ij[2 * kb][3]);
+            P_ij[2] = M::pack(S_ij[2 * kb + 1][0], S_ij[2 * kb + 1][1]);
+            P_ij[3] = M::pack(S_ij[2 * kb + 1][2], S_ij[2 * kb + 1][3]);
+#pragma unroll
+            for (int n = 0; n < HeadDim; n += 16) {
+                uint32_t Vf[4]; /* B fragments: Vf[0..1] columns n .. n+7, Vf[2..3] columns n+8 .. */
+                ldmatrix_x4_trans_at(Vf, swizzle_step<HeadDim>(V_j, kb * 16, n / 8));
+                M::mma(O_acc[n / 8], P_ij, &Vf[0]);
+                M::mma(O_acc[n / 8 + 1], P_ij, &Vf[2]);
+            }
+        }
+    }
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    /* PDL: this block has read all it will read; once every block is here, the merge kernel may be
+     * scheduled (it waits for this grid to finish before it reads the partials) */
+    cudaTriggerProgrammaticLaunchCompletion();
+#endif
+
+    /* The four warps' results merged, the same rescaling as across tiles (and as the merge kernel
+     * across slices): with m = max_w m_w, l = sum_w exp2(m_w - m) l_w, O = sum_w exp2(m_w - m) O_w / l.
+     * Through shared memory, over the K/V ring. */
+    cp_async_wait<0>(); /* (only empty groups can be left) */
+    __syncthreads();    /* every warp is done with the ring: the merge buffers overwrite it */
+    float *O_w = (float *)(smem + Tiles::merge_O), *m_w = (float *)(smem + Tiles::merge_m);
+    float *l_w = (float *)(smem + Tiles::merge_l);
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float sum = l_i[h];
+        sum += __shfl_xor_sync(FULL_MASK, sum, 1);
+        sum += __shfl_xor_sync(FULL_MASK, sum, 2);
+        const int r = 8 * h + g;
+        if (t == 0) {
+            m_w[warp * Br + r] = m_i[h] == -INFINITY ? -INFINITY : m_i[h] * scale_log2; /* log2 units */
+            l_w[warp * Br + r] = sum;
+        }
+#pragma unroll
+        for (int nt = 0; nt < DT; nt++)
+            *(float2 *)&O_w[(warp * Br + r) * Tiles::O_STRIDE + nt * 8 + 2 * t] =
+                make_float2(O_acc[nt][2 * h], O_acc[nt][2 * h + 1]);
+    }
+    __syncthreads(); /* every warp's O_w, m_w, l_w in shared memory */
+
+    /* Each thread four columns of a row at a time: the merged row, then out in 16-byte (partial,
+     * fp32) or 8-byte (O, 16-bit) stores along the row. */
+    const bool final = S == 1;
+    const size_t rows_all = (size_t)B * H * N_q; /* the rows of O and L, and of each slice's partials */
+    constexpr int QUADS = HeadDim / 4;
+    for (int c = tid; c < Br * QUADS; c += NTHREADS) {
+        const int r = c / QUADS, col = (c % QUADS) * 4;
+        if (r0 + r >= M_rows) continue; /* a padding row */
+        float m = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < NWARPS; w++) m = fmaxf(m, m_w[w * Br + r]);
+        float l = 0.f, o[4] = {0.f, 0.f, 0.f, 0.f};
+        if (m != -INFINITY) { /* else no key of this slice is visible to the row: O_s = 0, L_s = -inf */
+#pragma unroll
+            for (int w = 0; w < NWARPS; w++) {
+                const float e = exp2_approx(m_w[w * Br + r] - m); /* 0 for a warp that saw no key */
+                const float4 ow = *(const float4 *)&O_w[(w * Br + r) * Tiles::O_STRIDE + col];
+                l += e * l_w[w * Br + r];
+                o[0] += e * ow.x, o[1] += e * ow.y, o[2] += e * ow.z, o[3] += e * ow.w;
+            }
+        }
+        const float inv_l = l > 0.f ? 1.f / l : 0.f;
+        const float lse = m == -INFINITY ? -INFINITY : (m + log2f(l)) * LN2; /* nats, as L */
+        const size_t row = group_row0 + r0 + r; /* the row's index in O and L, [B, H, N_q] */
+        if (final) { /* one slice: this is the answer */
+            *(uint2 *)&O[row * HeadDim + col] = make_uint2(M::pack(o[0] * inv_l, o[1] * inv_l),
+                                                           M::pack(o[2] * inv_l, o[3] * inv_l));
+            if (col == 0) L[row] = lse;
+        } else { /* slice s of the row: [S][B H N_q][HeadDim] and [S][B H N_q] */
+            *(float4 *)&O_part[((size_t)s * rows_all + row) * HeadDim + col] =
+                make_float4(o[0] * inv_l, o[1] * inv_l, o[2] * inv_l, o[3] * inv_l);
+            if (col == 0) L_part[(size_t)s * rows_all + row] = lse;
+        }
+    }
+}
+
+/* Block-wide max and sum of one value per thread (COMBINE_THREADS of them): across the warp by
+ * shuffles, across the warps through shared memory. Every thread gets the result. */
+template <bool MAX>
+__device__ __forceinline__ float block_reduce(float v, float *scratch)
+{
+#pragma unroll
+    for (int off = WARP_SIZE / 2; off > 0; off /= 2) {
+        const float o = __shfl_xor_sync(FULL_MASK, v, off);
+        v = MAX ? fmaxf(v, o) : v + o;
+    }
+    __syncthreads(); /* scratch free (a reduction before this one is done reading it) */
+    if (threadIdx.x % WARP_SIZE == 0) scratch[threadIdx.x / WARP_SIZE] = v;
+    __syncthreads(); /* every warp's value in scratch */
+    v = scratch[0];
+#pragma unroll
+    for (int w = 1; w < COMBINE_THREADS / WARP_SIZE; w++) v = MAX ? fmaxf(v, scratch[w]) : v + scratch[w];
+    return v;
+}
+
+/* The merge of the S slices of one row (a block per row): L = log sum_s exp(L_s) and
+ * O = sum_s exp(L_s - L) O_s. It waits on memory, not arithmetic: the S values of L_s are loaded
+ * by all threads at once, and the partial rows O_s by LANES threads per column, each taking every
+ * LANES-th slice with several loads in flight, then added up through shared memory. */
+template <typename T, int HeadDim>
+__global__ void __launch_bounds__(COMBINE_THREADS)
+stage14_combine_kernel(const float *__restrict__ O_part, const float *__restrict__ L_part, T *__restrict__ O,
+                       float *__restrict__ L, size_t rows, int S)
+{
+    typedef mma16<T> M;
+    constexpr int QUADS = HeadDim / 4;                 /* four columns a thread */
+    constexpr int LANES = COMBINE_THREADS / QUADS;     /* threads per column: 8 at d = 128, 16 at 64 */
+    static_assert(COMBINE_THREADS % QUADS == 0 && COMBINE_THREADS % WARP_SIZE == 0, "whole columns, whole warps");
+    __shared__ float w_s[MAX_SPLITS];                  /* exp(L_s - m), slice s's weight */
+    __shared__ float scratch[COMBINE_THREADS / WARP_SIZE];
+    __shared__ float4 O_lane[LANES][QUADS];            /* each lane's sum over its slices */
+    const size_t row = blockIdx.x;
+    const int tid = threadIdx.x, q = tid % QUADS, lane = tid / QUADS;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    /* PDL: launched before the split kernel ended; wait until it has, and its writes are visible */
+    cudaGridDependencySynchronize();
+#endif
+    /* m = max_s L_s (every row sees some key, so some L_s is finite; -inf is guarded all the same) */
+    float m = -INFINITY;
+    for (int s = tid; s < S; s += COMBINE_THREADS) {
+        w_s[s] = L_part[(size_t)s * rows + row];
+        m = fmaxf(m, w_s[s]);
+    }
+    m = block_reduce<true>(m, scratch);
+    /* w_s = exp(L_s - m) = l_s exp(m_s - m): slice s's share (0 for an empty slice, L_s = -inf) */
+    float l = 0.f;
+    for (int s = tid; s < S; s += COMBINE_THREADS) {
+        w_s[s] = m == -INFINITY ? 0.f : exp2_approx((w_s[s] - m) * LOG2E);
+        l += w_s[s];
+    }
+    l = block_reduce<false>(l, scratch); /* (its barriers also make every w_s visible) */
+    /* this thread's columns 4q .. 4q+3, summed over slices lane, lane + LANES, ... */
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+    for (int s = lane; s < S; s += LANES) {
+        const float4 os = *(const float4 *)&O_part[((size_t)s * rows + row) * HeadDim + 4 * q];
+        o.x += w_s[s] * os.x, o.y += w_s[s] * os.y, o.z += w_s[s] * os.z, o.w += w_s[s] * os.w;
+    }
+    O_lane[lane][q] = o;
+    __syncthreads(); /* every lane's sums in shared memory */
+    if (lane == 0) {
+#pragma unroll
+        for (int k = 1; k < LANES; k++)
+            o.x += O_lane[k][q].x, o.y += O_lane[k][q].y, o.z += O_lane[k][q].z, o.w += O_lane[k][q].w;
+        const float inv_l = l > 0.f ? 1.f / l : 0.f;
+        *(uint2 *)&O[row * HeadDim + 4 * q] =
+            make_uint2(M::pack(o.x * inv_l, o.y * inv_l), M::pack(o.z * inv_l, o.w * inv_l));
+        if (q == 0) L[row] = m == -INFINITY ? -INFINITY : m + logf(l);
+    }
+}
+
+/* ---- launcher ---- */
+
+int row_tiles_of(const struct shape *sh) { return CEIL_DIV(sh->H / shape_kv_heads(sh) * sh->N, Br); }
+
+/* Blocks of the split kernel one SM holds (its shared memory decides: 2 on sm_90, 1 on sm_80),
+ * times the SMs: how many run at once. Asked of the device once per head dim. */
+template <int HeadDim>
+int resident_blocks(char *why, size_t n)
+{
+    static int cached = 0;
+    if (cached) return cached;
+    typedef tiles<HeadDim> Tiles;
+    if (smem_optin(stage14_split_kernel<__half, HeadDim>, Tiles::bytes, HeadDim, why, n)) return -1;
+    if (smem_optin(stage14_split_kernel<__nv_bfloat16, HeadDim>, Tiles::bytes, HeadDim, why, n)) return -1;
+    /* all of the SM's unified L1/shared memory as shared memory (the loads bypass L1: cp.async.cg),
+     * so that two blocks fit wherever the device has room for them, rather than where the driver's
+     * default split happens to leave it */
+    int dev = 0, sms = 0, per_sm = 0;
+    if (cudaFuncSetAttribute(stage14_split_kernel<__half, HeadDim>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared) != cudaSuccess ||
+        cudaFuncSetAttribute(stage14_split_kernel<__nv_bfloat16, HeadDim>,
+                             cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) != cudaSuccess ||
+        cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, stage14_split_kernel<__half, HeadDim>,
+                                                      Tiles::NTHREADS, Tiles::bytes) != cudaSuccess) {
+        snprintf(why, n, "cannot ask the device for its SMs and the kernel's occupancy: %s",
+                 cudaGetErrorString(cudaGetLastError()));
+        return -1;
+    }
+    cached = sms * std::max(per_sm, 1);
+    return cached;
+}
+
+/* The number of slices S (the rule, written down): --splits where given; else one full wave,
+ *   S = floor(resident blocks / (B * H_kv * row tiles)),
+ * so that every block of the grid is resident at once and each SM streams its share of K and V
+ * from the first microsecond to the last (two waves would leave a tail of half-empty SMs); at least
+ * 1 (a problem with more groups than resident blocks fills the GPU without splitting) and at most
+ * the number of K/V tiles (a slice of at least one tile). */
+int splits_for(const struct shape *sh, char *why, size_t n)
+{
+    if (sh->splits > 0) return sh->splits;
+    const int slots = sh->d == 64 ? resident_blocks<64>(why, n) : resident_blocks<128>(why, n);
+    if (slots < 0) return -1;
+    const long long groups = (long long)sh->B * shape_kv_heads(sh) * row_tiles_of(sh);
+    const int Tc = CEIL_DIV(shape_kv_len(sh), sh->d == 64 ? tiles<64>::Bc : tiles<128>::Bc);
+    const long long S = std::max(1LL, slots / groups);
+    return (int)std::min<long long>(S, Tc);
+}
+
+/* For the harness's report (the descriptor's kv_splits): the S a run of this shape uses. */
+int kv_splits(const struct shape *sh)
+{
+    char why[256];
+    const int S = sh->d == 64 || sh->d == 128 ? splits_for(sh, why, sizeof why) : 1;
+    return S > 0 ? S : 1;
+}
+
+/* The workspace: with S > 1, each slice's O_s (fp32) and L_s for every row. */
+size_t workspace_bytes(const struct shape *sh)
+{
+    const int S = kv_splits(sh);
+    return S > 1 ? (size_t)S * shape_rows(sh) * (sh->d + 1) * sizeof(float) : 0;
+}
+
+template <typename T, int HeadDim>
+int launch(const struct attn_args *a, char *why, size_t n)
+{
+    typedef tiles<HeadDim> Tiles;
+    const struct shape *sh = &a->sh;
+    if (int rc = smem_optin(stage14_split_kernel<T, HeadDim>, Tiles::bytes, HeadDim, why, n)) return rc;
+    if (resident_blocks<HeadDim>(why, n) < 0) return ATTN_CUDA_ERROR; /* (once: sets the carveout too) */
+    const int S = splits_for(sh, why, n);
+    if (S < 0) return ATTN_CUDA_ERROR;
+    if (S > MAX_SPLITS) {
+        snprintf(why, n, "at most %d slices of the keys (got --splits %d)", MAX_SPLITS, S);
+        return ATTN_UNSUPPORTED;
+    }
+    const int row_tiles = row_tiles_of(sh);
+    const long long blocks = (long long)sh->B * shape_kv_heads(sh) * row_tiles;
+    if (blocks > 2147483647LL) {
+        snprintf(why, n, "batch * KV heads * row tiles = %lld is more than a grid dimension holds (2^31 - 1)", blocks);
+        return ATTN_UNSUPPORTED;
+    }
+    float *O_part = NULL, *L_part = NULL;
+    const size_t rows = shape_rows(sh);
+    if (S > 1 && rows > 2147483647u) {
+        snprintf(why, n, "B * H * N = %zu rows is more than the merge's grid holds (2^31 - 1)", rows);
+        return ATTN_UNSUPPORTED;
+    }
+    if (S > 1) { /* the workspace: [S][rows][HeadDim] partial O, then [S][rows] partial L */
+        if (!a->work) {
+            snprintf(why, n, "%d slices need a workspace (workspace_bytes) and none was given", S);
+            return ATTN_UNSUPPORTED;
+        }
+        O_part = (float *)a->work;
+        L_part = O_part + (size_t)S * rows * HeadDim;
+    }
+    const float scale_log2 = sh->scale * LOG2E;
+    /* (batch, KV head, row tile) in x, the slice in y (S <= 1024, under y's 65535) */
+    stage14_split_kernel<T, HeadDim><<<dim3((unsigned)blocks, (unsigned)S), Tiles::NTHREADS, Tiles::bytes>>>(
+        (const T *)a->Q, (const T *)a->K, (const T *)a->V, (T *)a->O, a->L, O_part, L_part, sh->B, sh->H,
+        shape_kv_heads(sh), sh->N, shape_kv_len(sh), sh->causal, scale_log2, row_tiles);
+    CUDA_TRY(cudaGetLastError());
+    if (S == 1) return 0; /* the one slice wrote O and L */
+
+    /* The merge. On sm_90 and later it may be scheduled before the split kernel ends
+     * (programmatic dependent launch): it waits inside (cudaGridDependencySynchronize) instead of
+     * in the launch queue. */
+    static int pdl = -1;
+    if (pdl < 0) {
+        int dev = 0, major = 0;
+        CUDA_TRY(cudaGetDevice(&dev));
+        CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        pdl = major >= 9;
+    }
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3((unsigned)rows); /* a block per row: at most 2^31 - 1 (checked above) */
+    config.blockDim = dim3(COMBINE_THREADS);
+    config.dynamicSmemBytes = 0;
+    config.stream = 0;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attr;
+    config.numAttrs = pdl ? 1 : 0;
+    CUDA_TRY(cudaLaunchKernelEx(&config, stage14_combine_kernel<T, HeadDim>, (const float *)O_part,
+                                (const float *)L_part, (T *)a->O, a->L, rows, S));
+    return 0;
+}
+
+template <typename T>
+int dispatch_d(const struct attn_args *a, char *why, size_t n)
+{
+    switch (a->sh.d) {
+    case 64: return launch<T, 64>(a, why, n);
+    case 128: return launch<T, 128>(a, why, n);
+    }
+    snprintf(why, n, "supports head dim 64 or 128 (got d=%d)", a->sh.d);
+    return ATTN_UNSUPPORTED;
+}
+
+int forward(const struct attn_args *a, char *why, size_t n)
+{
+    if (a->dtype == DT_F16) return dispatch_d<__half>(a, why, n);
+    if (a->dtype == DT_BF16) return dispatch_d<__nv_bfloat16>(a, why, n);
+    snprintf(why, n, "supports fp16 and bf16 (got %s)", dtype_name(a->dtype));
+    return ATTN_UNSUPPORTED;
+}
+
+} // namespace
+
+extern "C" const struct stage stage14_desc = {
+    .name = "stage14",
+    .idea = "generation: N_q <= 64 queries against a long KV cache, split across blocks and merged by LSE "
+            "(Flash-Decoding); grouped KV heads",
+    .device = ON_GPU,
+    .forward = forward,
+    .backward = NULL,
+    .dims = {64, 128},
+    .dtypes = DT_F16 | DT_BF16,
+    .workspace_bytes = workspace_bytes,
+    .openmp = 0,
+    .hbm_traffic = NULL,
+    .measures_backward = 0,
+    .arch_sm = 0,
+    .kv_cache = 1,
+    .max_seqlen = 64,
+    .kv_splits = kv_splits,
+};
