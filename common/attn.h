@@ -19,6 +19,15 @@ extern "C" {
 
 #define CEIL_DIV(a, b) (((a) + (b) - 1) / (b))
 
+/* A descriptor field added after the first stages were written: NULL where a descriptor leaves it
+ * out, which C does by itself and C++ (the .cu stages) says here, so that -Wextra has nothing to
+ * say about the descriptors that predate it. */
+#ifdef __cplusplus
+#define ATTN_NULL_BY_DEFAULT = nullptr
+#else
+#define ATTN_NULL_BY_DEFAULT
+#endif
+
 enum dtype { DT_F32 = 1, DT_F16 = 2, DT_BF16 = 4 };
 enum device_kind { ON_CPU, ON_GPU };
 
@@ -67,6 +76,14 @@ struct hbm_traffic {
  * nonzero. A stage checks what it supports here before it launches anything. */
 typedef int (*attn_fn)(const struct attn_args *a, char *why, size_t n);
 
+/* The tiles a GPU stage launches for one problem: the first of its configurations, listed fastest
+ * first, whose shared memory fits what the device allows a block (common/cuda/launch.cuh). */
+struct tile_config {
+    int Br, Bc;          /* query rows per Q tile, keys per K/V tile (a backward: its dK/dV kernel's) */
+    size_t smem_bytes;   /* dynamic shared memory per block (a backward: its largest kernel's) */
+    char text[160];      /* what the summary shows, "Br=128 Bc=64 Bs=32"; or why none fits */
+};
+
 struct stage {
     const char *name;        /* "stage4" */
     const char *idea;        /* one line: what this stage adds */
@@ -85,8 +102,15 @@ struct stage {
     int measures_backward;
     /* GPU stages built for one architecture only: its compute capability, 10 * major + minor (90:
      * the Hopper stages, compiled for sm_90a, whose wgmma runs on compute capability 9.0 alone);
-     * elsewhere the stage exits 3 and its tests skip. 0: any GPU the build targets (sm_80 on). */
+     * elsewhere the stage exits 3 and its tests skip. 0: any GPU the build targets (sm_75 on). */
     int arch_sm;
+    /* GPU stages: the tiles its forward (backward = 1: its backward) takes for the problem in `a`
+     * (shape, dtype, deterministic; no tensors are read) where a block may have `smem_limit` bytes
+     * of shared memory. Returns 0 with *c filled, or ATTN_UNSUPPORTED with why none fits in c->text.
+     * The launcher makes the same choice (it calls the same code); the runner asks first, to name
+     * the tiles in the summary and to refuse a problem no configuration fits before any launch.
+     * NULL: the stage does not say (it still refuses a tile too large, at launch). */
+    int (*tiles)(const struct attn_args *a, int backward, size_t smem_limit, struct tile_config *c) ATTN_NULL_BY_DEFAULT;
 };
 
 /* FLOPs as the FA2 paper counts them: 4*B*H*N^2*d for the forward, halved when causal;

@@ -44,7 +44,8 @@ void print_summary(FILE *f, const struct result *r)
             dtype_name(r->dtype), r->direction, r->check[0] == 'p' ? "PASS" : r->check[0] == 'f' ? "FAIL" : "skipped",
             err, r->checked[0] ? " (" : "", r->checked, r->checked[0] ? ")" : "", r->ms_median, r->ms_min);
     if (r->st->device == ON_GPU)
-        fprintf(f, "%.1f TFLOP/s | extra %s | %s\n", tflops(r), extra, r->device_name);
+        fprintf(f, "%.1f TFLOP/s | extra %s | %s (%s)%s%s\n", tflops(r), extra, r->device_name, r->arch,
+                r->tiles[0] ? " | tiles " : "", r->tiles);
     else
         fprintf(f, "%.2f GFLOP/s | extra %s | %d thread%s%s\n", tflops(r) * 1e3, extra, r->threads,
                 r->threads == 1 ? "" : "s", built_with_openmp() ? "" : " (built without OpenMP)");
