@@ -6,7 +6,8 @@
  *                         oracle on three whole heads (first, last, one from the middle); B = 2,
  *                         H = 3, and also B = H = 1 and B·H = 192 (fp16).
  * backward::deterministic two runs with --deterministic give dQ, dK, dV with identical bits (every d).
- * Cases skip with a one-line reason where there is no CUDA device.
+ * Cases skip with a one-line reason where there is no CUDA device, or where the device cannot run
+ * them (test_require_fit: bf16 on Turing's code, tiles larger than its shared memory).
  */
 #include "common_test.h"
 #include <stdlib.h>
@@ -41,7 +42,7 @@ ParameterizedTestParameters(backward, vs_reference)
     /* beside the grid (B = 2, H = 3): one head, and many heads of a short sequence */
     static const int one_head_N[] = {1, 129};
     for (int s = 0; s < n_all_stages; s++) {
-        if (!all_stages[s]->measures_backward) continue;
+        if (!all_stages[s]->measures_backward || !test_stage_selected(all_stages[s])) continue;
         for (size_t di = 0; di < TEST_COUNT(test_bwd_grid_d); di++)
             for (int causal = 0; causal <= 1; causal++)
                 for (int det = 0; det <= 1; det++) {
@@ -76,6 +77,7 @@ ParameterizedTest(struct test_bwd_case *c, backward, vs_reference)
     char label[160], why[256];
     test_label(&c->tc, label, sizeof label);
     test_require_gpu();
+    test_require_fit(st, sh, c->tc.dtype, c->deterministic, 1);
     size_t n = shape_elems(sh);
     float *Q, *K, *V, *dO, *g[3] = {test_floats(n), test_floats(n), test_floats(n)};
     test_bwd_inputs(sh, c->tc.dtype, &Q, &K, &V, &dO);
@@ -94,12 +96,15 @@ Test(backward, deterministic)
     test_require_gpu();
     for (int s = 0; s < n_all_stages; s++) {
         const struct stage *st = all_stages[s];
-        if (!st->measures_backward) continue;
+        if (!st->measures_backward || !test_stage_selected(st)) continue;
         for (size_t di = 0; di < TEST_COUNT(test_bwd_grid_d); di++)
         for (int causal = 0; causal <= 1; causal++) {
             struct shape sh = test_shape(2, 3, 1000, test_bwd_grid_d[di], causal);
             char why0[256];
             if (!stage_supports(st, &sh, DT_F16, why0, sizeof why0)) continue;
+            struct attn_args a = {.sh = sh, .dtype = DT_F16, .deterministic = 1};
+            struct tile_config tc;
+            if (st->tiles && st->tiles(&a, 1, gpu_smem_limit(), &tc)) continue; /* too large for this device */
             size_t n = shape_elems(&sh);
             float *Q, *K, *V, *dO, *g[2][3];
             test_bwd_inputs(&sh, DT_F16, &Q, &K, &V, &dO);
