@@ -22,7 +22,13 @@ MAKEFLAGS += --no-builtin-rules
 CC ?= cc
 NVCC ?= nvcc
 CFLAGS ?= -O2 -Wall -Wextra
-CUDA_ARCH ?= 80 90
+# The GPU architectures the GPU stages are compiled for, oldest first: machine code (SASS) for
+# each, and the PTX of the last one too, which the driver JIT-compiles for a GPU newer than any
+# listed (sm_100, sm_120). 75: Turing (the T4), 80: Ampere (A100; RTX 30 and 40 cards run it),
+# 90: Hopper. PTX_ONLY=1 embeds the PTX of each alone, compiled by the driver when a program
+# starts: `make CUDA_ARCH=75 PTX_ONLY=1 BUILD=build75` runs Turing's code path on any GPU.
+CUDA_ARCH ?= 75 80 90
+PTX_ONLY ?= 0
 BUILD := build
 COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 HAVE_NVCC := $(shell command -v $(NVCC) 2>/dev/null)
@@ -44,8 +50,18 @@ endif
 OMP_CFLAGS := $(if $(filter 1,$(OPENMP)),-fopenmp,-Wno-unknown-pragmas)
 OMP_LDFLAGS := $(if $(filter 1,$(OPENMP)),-fopenmp,)
 ALL_CFLAGS := -std=gnu11 $(OMP_CFLAGS) -I. -MMD -MP $(CFLAGS)
-NVCCFLAGS := -std=c++17 -O3 -lineinfo $(NVDEBUG) -I. -MMD -MP -Xcompiler -Wall,-Wextra
-NVCC_ARCH := $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a))
+# (--threads: nvcc compiles the architectures of one file side by side; -compress-all: the code
+# of three architectures, the PTX and the line info take a fifth of the space compressed, and the
+# driver unpacks a kernel when it loads it)
+NVCC_THREADS ?= 4
+NVCCFLAGS := -std=c++17 -O3 -lineinfo $(NVDEBUG) -I. -MMD -MP -Xcompiler -Wall,-Wextra --threads $(NVCC_THREADS) \
+             -Xfatbin -compress-all
+ifeq ($(PTX_ONLY),1)
+NVCC_ARCH := $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=compute_$(a))
+else
+NVCC_ARCH := $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) \
+             -gencode arch=compute_$(lastword $(CUDA_ARCH)),code=compute_$(lastword $(CUDA_ARCH))
+endif
 HOPPER_ARCH := -gencode arch=compute_90a,code=sm_90a
 NVLINK := $(NVCC_ARCH) $(if $(OMP_LDFLAGS),-Xcompiler $(OMP_LDFLAGS))
 
@@ -70,10 +86,10 @@ HOPPER_OBJS := $(foreach s,$(HOPPER_STAGES),$(BUILD)/stages/$(s).o) $(BUILD)/tes
 # stages the build can make here: GPU stages only where nvcc is installed
 ifneq ($(HAVE_NVCC),)
 BUILT_STAGES := $(CPU_STAGES) $(GPU_STAGES)
-TEST_LINK = $(NVCC) $(NVLINK) $(NVLDFLAGS) -o $@ $^ $(CRITERION_LIBS) -lm
+TEST_LINK = $(NVCC) $(NVLINK) $(NVLDFLAGS) -o $@ $(OBJS_IN) $(CRITERION_LIBS) -lm
 else
 BUILT_STAGES := $(CPU_STAGES)
-TEST_LINK = $(CC) $(OMP_LDFLAGS) $(LDFLAGS) -o $@ $^ $(CRITERION_LIBS) -lm
+TEST_LINK = $(CC) $(OMP_LDFLAGS) $(LDFLAGS) -o $@ $(OBJS_IN) $(CRITERION_LIBS) -lm
 endif
 STAGE_OBJS := $(sort $(foreach s,$(BUILT_STAGES),$(BUILD)/stages/$(s).o))
 
@@ -105,16 +121,25 @@ $(BUILD)/main_stage%.o: common/main.c
 	$(Q)$(CC) $(ALL_CFLAGS) -DSTAGE_DESC=stage$*_desc -c $< -o $@
 
 # ---- linking one binary per stage ----
+# The programs live at the root whatever BUILD is. FLAVOR_STAMP names the build they were last
+# linked from, and changes when another is made (another BUILD, CUDA_ARCH or PTX_ONLY), so that
+# they are linked again from the objects of the build being made, not left from the other.
+FLAVOR_STAMP := .build-flavor
+$(FLAVOR_STAMP): FORCE
+	@echo 'BUILD=$(BUILD) CUDA_ARCH=$(CUDA_ARCH) PTX_ONLY=$(PTX_ONLY)' > $@.tmp
+	@cmp -s $@.tmp $@ && rm -f $@.tmp || mv -f $@.tmp $@
+OBJS_IN = $(filter-out $(FLAVOR_STAMP),$^)
 define cpu_stage
-$(call bin,$(1)): $(BUILD)/main_$(call bin,$(1)).o $(sort $(BUILD)/stages/$(1).o $(REF_OBJ)) $(COMMON_OBJS)
+$(call bin,$(1)): $(BUILD)/main_$(call bin,$(1)).o $(sort $(BUILD)/stages/$(1).o $(REF_OBJ)) $(COMMON_OBJS) $(FLAVOR_STAMP)
 	@$(if $(Q),echo "  LD    $$@")
-	$(Q)$(CC) $(OMP_LDFLAGS) $(LDFLAGS) -o $$@ $$^ -lm
+	$(Q)$(CC) $(OMP_LDFLAGS) $(LDFLAGS) -o $$@ $$(OBJS_IN) -lm
 endef
 define gpu_stage
 ifneq ($(HAVE_NVCC),)
-$(call bin,$(1)): $(BUILD)/main_$(call bin,$(1)).o $(BUILD)/stages/$(1).o $(LINK_WITH_$(call bin,$(1))) $(REF_OBJ) $(COMMON_OBJS) $(CUDA_OBJS)
+$(call bin,$(1)): $(BUILD)/main_$(call bin,$(1)).o $(BUILD)/stages/$(1).o $(LINK_WITH_$(call bin,$(1))) $(REF_OBJ) $(COMMON_OBJS) $(CUDA_OBJS) \
+                  $(FLAVOR_STAMP)
 	@$(if $(Q),echo "  LD    $$@")
-	$(Q)$(NVCC) $(NVLINK) $(NVLDFLAGS) -o $$@ $$^ -lm
+	$(Q)$(NVCC) $(NVLINK) $(NVLDFLAGS) -o $$@ $$(OBJS_IN) -lm
 else
 $(call bin,$(1)):
 	@echo "$$@ is a GPU stage: it needs nvcc, the CUDA Toolkit's compiler (https://developer.nvidia.com/cuda-downloads)," \
@@ -149,7 +174,7 @@ $(BUILD)/registry.o: $(BUILD)/registry.c
 $(TEST_OBJS): | deps-test
 deps-test:
 	@tests/deps.sh test
-tests/attn_tests: $(TEST_OBJS) $(STAGE_OBJS) $(COMMON_OBJS) $(if $(HAVE_NVCC),$(CUDA_OBJS) $(TEST_CUDA_OBJS))
+tests/attn_tests: $(TEST_OBJS) $(STAGE_OBJS) $(COMMON_OBJS) $(if $(HAVE_NVCC),$(CUDA_OBJS) $(TEST_CUDA_OBJS)) $(FLAVOR_STAMP)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(TEST_LINK)
 
@@ -253,6 +278,6 @@ diff%:
 	diff -u -b "$$a" "$$b"; test $$? -le 1
 
 clean:
-	rm -rf $(BUILD) tests/attn_tests $(CPU_BINS) $(GPU_BINS) bench/cpu_blas bench/copy_bw
+	rm -rf $(BUILD) tests/attn_tests $(CPU_BINS) $(GPU_BINS) bench/cpu_blas bench/copy_bw $(FLAVOR_STAMP)
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

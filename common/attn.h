@@ -85,6 +85,13 @@ typedef int (*attn_fn)(const struct attn_args *a, char *why, size_t n);
 #else
 #define STAGE_FIELD_DEFAULT
 #endif
+/* The tiles a GPU stage launches for one problem: the first of its configurations, listed fastest
+ * first, whose shared memory fits what the device allows a block (common/cuda/launch.cuh). */
+struct tile_config {
+    int Br, Bc;          /* query rows per Q tile, keys per K/V tile (a backward: its dK/dV kernel's) */
+    size_t smem_bytes;   /* dynamic shared memory per block (a backward: its largest kernel's) */
+    char text[160];      /* what the summary shows, "Br=128 Bc=64 Bs=32"; or why none fits */
+};
 
 struct stage {
     const char *name;        /* "stage4" */
@@ -104,7 +111,7 @@ struct stage {
     int measures_backward;
     /* GPU stages built for one architecture only: its compute capability, 10 * major + minor (90:
      * the Hopper stages, compiled for sm_90a, whose wgmma runs on compute capability 9.0 alone);
-     * elsewhere the stage exits 3 and its tests skip. 0: any GPU the build targets (sm_80 on). */
+     * elsewhere the stage exits 3 and its tests skip. 0: any GPU the build targets (sm_75 on). */
     int arch_sm;
     /* ---- the KV cache (stage 14). A descriptor that does not name these leaves them 0: in C as
      * every field a designated initializer leaves out, in C++ through STAGE_FIELD_DEFAULT ---- */
@@ -116,6 +123,13 @@ struct stage {
     /* Split-KV stages (--splits): the number of slices of the keys this stage uses on this shape
      * (its rule, or sh->splits where set); NULL for a stage that does not split the keys. */
     int (*kv_splits)(const struct shape *sh) STAGE_FIELD_DEFAULT;
+    /* GPU stages: the tiles its forward (backward = 1: its backward) takes for the problem in `a`
+     * (shape, dtype, deterministic; no tensors are read) where a block may have `smem_limit` bytes
+     * of shared memory. Returns 0 with *c filled, or ATTN_UNSUPPORTED with why none fits in c->text.
+     * The launcher makes the same choice (it calls the same code); the runner asks first, to name
+     * the tiles in the summary and to refuse a problem no configuration fits before any launch.
+     * NULL: the stage does not say (it still refuses a tile too large, at launch). */
+    int (*tiles)(const struct attn_args *a, int backward, size_t smem_limit, struct tile_config *c) STAGE_FIELD_DEFAULT;
 };
 
 /* FLOPs as the FA2 paper counts them: 4*B*H*N^2*d for the forward, halved when causal;

@@ -139,6 +139,9 @@ static void usage(const struct stage *st, const struct opts *def, FILE *f)
     fprintf(f, "  --save DIR         write q.npy k.npy v.npy o.npy lse.npy%s (float32) into DIR\n",
             st->measures_backward ? " do.npy dq.npy dk.npy dv.npy" : "");
     fprintf(f, "  --help             this text\n");
+    if (stage_takes(st, GPU_STAGE))
+        fprintf(f, "environment: ATTN_SMEM_CAP_KB=K  use at most K KiB of shared memory per block, as a GPU with\n"
+                   "                     less would (99: RTX 30/40/50 cards, 64: T4); the summary names the tiles chosen\n");
     if (st->arch_sm)
         fprintf(f, "runs on GPUs of compute capability %d.%d only (built for sm_%da); elsewhere it exits 3\n",
                 st->arch_sm / 10, st->arch_sm % 10, st->arch_sm);
@@ -269,6 +272,28 @@ int parse_opts(const struct stage *st, int argc, char **argv, struct opts *o, in
     if (!o->sh.H_kv) o->sh.H_kv = o->sh.H;
     o->sh.scale = softmax_scale > 0 ? softmax_scale : 1.0f / sqrtf((float)o->sh.d);
     o->softmax_scale_set = softmax_scale > 0;
+    if (stage_takes(st, GPU_STAGE)) { /* the environment is part of a GPU stage's command line */
+        char why[160];
+        size_t cap;
+        if (smem_cap_bytes(&cap, why, sizeof why)) return bad(st, "%s", why);
+    }
+    return 0;
+}
+
+#define SMEM_CAP_MAX_KB (1 << 20) /* far above any GPU's shared memory: a cap beyond it means nothing */
+
+int smem_cap_bytes(size_t *cap, char *why, size_t n)
+{
+    const char *s = getenv("ATTN_SMEM_CAP_KB");
+    *cap = 0;
+    if (!s || !*s) return 0; /* unset or empty: the device's own limit */
+    int kb;
+    if (parse_int(s, 1, SMEM_CAP_MAX_KB, &kb)) {
+        snprintf(why, n, "ATTN_SMEM_CAP_KB=%s: expected a whole number of KiB from 1 to %d (99: an RTX card, 64: a T4)",
+                 s, SMEM_CAP_MAX_KB);
+        return EXIT_USAGE;
+    }
+    *cap = (size_t)kb * 1024;
     return 0;
 }
 

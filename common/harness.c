@@ -477,6 +477,9 @@ int harness_main(const struct stage *st, int argc, char **argv)
     } else if (st->device == ON_GPU && gpu_arch_check(st->arch_sm, st->name, why, sizeof why)) {
         fprintf(stderr, "%s\n", why); /* it names the stage */
         rc = EXIT_NO_DEVICE;
+    } else if (st->device == ON_GPU && gpu_dtype_check(o.dtype, st->name, why, sizeof why)) {
+        fprintf(stderr, "%s\n", why); /* bf16 where the code running is Turing's: it names the stage */
+        rc = EXIT_USAGE;
     }
     if (rc) {
         free(Q), free(K), free(V), free(dO);

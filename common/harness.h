@@ -37,6 +37,12 @@ enum { SHAPE_GIVEN_B = 1, SHAPE_GIVEN_H = 2, SHAPE_GIVEN_N = 4, SHAPE_GIVEN_D = 
  * one-line reason (or EXIT_PASS with help printed: *done is set). Only the options `st` takes
  * are accepted (and listed by --help); any other is refused as unknown. */
 int parse_opts(const struct stage *st, int argc, char **argv, struct opts *o, int *done);
+/* ATTN_SMEM_CAP_KB, read from the environment: a GPU stage uses at most that many KiB of shared
+ * memory per block, as a GPU with less would (99: an RTX 30, 40 or 50 card; 64: a T4), choosing
+ * its tiles accordingly. Returns 0 with *cap in bytes (0: unset, the device's own limit), or
+ * EXIT_USAGE with one line in `why` when the value is not a whole number of KiB from 1 on.
+ * parse_opts checks it for every GPU stage, so a bad value exits 2 before any device is sought. */
+int smem_cap_bytes(size_t *cap, char *why, size_t n);
 /* The limits a problem must keep, checked after parsing (and again on loaded inputs): its bytes
  * fit this machine's memory; the inputs' magnitude `amplitude` fits the dtype; the scores
  * scale * d * amplitude^2 stay where fp32 resolves a softmax. Returns 0, or EXIT_USAGE after
@@ -122,6 +128,9 @@ struct result {
     const char *direction;    /* "fwd" or "bwd" */
     char gpu[64];             /* "h200"; "cpu" for a CPU stage */
     char device_name[256];    /* the device's name, shown in the summary */
+    char arch[64];            /* GPU: its architecture and the code running on it, "sm_90" or
+                               * "sm_90, running compute_75 PTX" (the summary shows it) */
+    char tiles[256];          /* GPU: the stage's tiles and their shared memory (stage.tiles), or "" */
     double ms_median, ms_min;
     double max_err;           /* vs the reference; negative when not checked */
     const char *check;        /* "pass", "fail" or "skip" */
@@ -185,8 +194,20 @@ int gpu_backward_host(const struct stage *st, const struct shape *sh, enum dtype
 int gpu_run_backward(const struct stage *st, const struct opts *o, const float *Q, const float *K,
                      const float *V, const float *dO, float *dQ, float *dK, float *dV, float *O, float *L,
                      struct result *r) __attribute__((weak));
-/* 0 when a usable CUDA device (sm_80 or newer) is present; else a reason in `why`. */
+/* 0 when a usable CUDA device (sm_75 or newer, with code in this build it can run) is present;
+ * else a reason in `why`. */
 int gpu_available(char *why, size_t n) __attribute__((weak));
+/* After gpu_available: the architecture of the GPU code this build runs on the device, 10 * major
+ * + minor of the virtual architecture it was compiled for: the device's own, or lower where the
+ * device runs an older build's code (an RTX 4090, sm_89, runs the sm_80 code) or JIT-compiles an
+ * older PTX (a build of compute_75 PTX alone runs as 75 on an H200). */
+int gpu_code_arch(void) __attribute__((weak));
+/* After gpu_available: 0 when the code running on the device computes in `dt`; else one line in
+ * `why`, naming `who` (bf16 needs sm_80 code: Turing's tensor cores take fp16 only). */
+int gpu_dtype_check(enum dtype dt, const char *who, char *why, size_t n) __attribute__((weak));
+/* After gpu_available: the shared memory a block may have, in bytes: the device's opt-in limit,
+ * or ATTN_SMEM_CAP_KB's cap where that is less (read once). */
+size_t gpu_smem_limit(void) __attribute__((weak));
 /* After gpu_available: 0 when the device is of compute capability arch_sm (10 * major + minor), or
  * arch_sm is 0 (any); else one line in `why` naming `who`, what it needs and what this device is
  * ("stage11 needs a Hopper GPU (H100/H200, sm_90); this is NVIDIA A100-SXM4-80GB, sm_80"). */

@@ -59,11 +59,12 @@ void print_summary(FILE *f, const struct result *r)
             dtype_name(r->dtype), r->direction, r->check[0] == 'p' ? "PASS" : r->check[0] == 'f' ? "FAIL" : "skipped",
             err, r->checked[0] ? " (" : "", r->checked, r->checked[0] ? ")" : "", r->ms_median, r->ms_min);
     if (r->st->device == ON_GPU && r->splits > 0) /* split-KV: memory-bound, its bandwidth first */
-        fprintf(f, "%.0f GB/s of K, V | %.2f TFLOP/s | %d split%s | extra %s | %s\n",
+        fprintf(f, "%.0f GB/s of K, V | %.2f TFLOP/s | %d split%s | extra %s | %s (%s)%s%s\n",
                 kv_bytes(&r->sh, r->dtype) / (r->ms_median * 1e-3) / 1e9, tflops(r), r->splits,
-                r->splits == 1 ? "" : "s", extra, r->device_name);
+                r->splits == 1 ? "" : "s", extra, r->device_name, r->arch, r->tiles[0] ? " | tiles " : "", r->tiles);
     else if (r->st->device == ON_GPU)
-        fprintf(f, "%.1f TFLOP/s | extra %s | %s\n", tflops(r), extra, r->device_name);
+        fprintf(f, "%.1f TFLOP/s | extra %s | %s (%s)%s%s\n", tflops(r), extra, r->device_name, r->arch,
+                r->tiles[0] ? " | tiles " : "", r->tiles);
     else
         fprintf(f, "%.2f GFLOP/s | extra %s | %d thread%s%s\n", tflops(r) * 1e3, extra, r->threads,
                 r->threads == 1 ? "" : "s", built_with_openmp() ? "" : " (built without OpenMP)");

@@ -26,26 +26,15 @@ namespace {
 
 /* ---- configuration ---- */
 
-/* Four warps per block. With sliced K each warp owns KEYS_PER_WARP = Bc / NWARPS keys of K_j
- * and V_j, which must be one k16 step of the P_ij V_j product: 16 keys. */
-constexpr int NWARPS = 4;
-constexpr int NTHREADS = NWARPS * WARP_SIZE;
-constexpr int Bc = 64;                            /* keys per K/V tile */
-constexpr int KEYS_PER_WARP = Bc / NWARPS;        /* 16: one k16 step of mma */
-/* Br = 32 query rows per inner step. Sliced K makes every warp produce a partial O for all Br
- * rows (its keys touch every row): Br x HeadDim fp32 per warp, Br * HeadDim / 32 registers per thread
- * (128 at HeadDim = 128; each of its tiles is a single mma, so the compiler can store them to shared
- * memory as they finish), and NWARPS of them meet in shared memory: 68 KiB at HeadDim = 128, 112 KiB in
- * all with K_j, V_j, Q_i. Br = 64 would double the partials to 190 KiB in all, past the A100's
- * 163 KiB opt-in limit; smaller Br would load K_j, V_j fragments for fewer rows each time. */
-constexpr int Br = 32;
-constexpr int M_TILES = Br / 16;                  /* m16 row tiles of the mma */
-
-static_assert(KEYS_PER_WARP * NWARPS == Bc, "the warps' key slices must cover K_j exactly");
-static_assert(KEYS_PER_WARP == 16, "each warp's slice of P_ij must be one k16 A fragment");
-static_assert(Br % 16 == 0, "Br must be whole m16 tiles");
-static_assert(Bc % Br == 0, "causal skip (i starts at j*Bc/Br) assumes Br divides Bc");
-static_assert(Br <= NTHREADS, "one thread per row computes the row factors");
+/* One configuration (tiles below): K/V tiles of Bc keys, Q tiles of Br rows per inner step. With
+ * sliced K each warp owns KEYS_PER_WARP keys of K_j and V_j, which must be one k16 step of the
+ * P_ij V_j product: 16 keys, so a block has Bc / 16 warps (four at Bc = 64). Sliced K makes every
+ * warp produce a partial O for all Br rows (its keys touch every row): Br x HeadDim fp32 per warp,
+ * Br * HeadDim / 32 registers per thread (128 at HeadDim = 128, Br = 32; each of its tiles is a
+ * single mma, so the compiler can store them to shared memory as they finish), and the warps'
+ * partials meet in shared memory: 68 KiB at HeadDim = 128, 112 KiB in all with K_j, V_j, Q_i.
+ * Br = 64 would double the partials to 190 KiB in all, past the A100's 163 KiB opt-in limit;
+ * smaller Br would load K_j, V_j fragments for fewer rows each time. */
 
 /* Shared-memory row padding against bank conflicts.
  * fp16 tiles: a row of HeadDim halves is a multiple of 128 bytes, so the 8 rows one ldmatrix reads
@@ -57,9 +46,15 @@ static_assert(Br <= NTHREADS, "one thread per row computes the row factors");
 constexpr int HALF_PAD = 8;
 constexpr int FLOAT_PAD = 8;
 
-/* Dynamic shared memory, computed from the tile sizes (byte offsets, then the total). */
-template <int HeadDim>
-struct smem_layout {
+/* One configuration, and its dynamic shared memory computed from the tile sizes (byte offsets,
+ * then the total). */
+template <int HeadDim_, int Br_, int Bc_>
+struct tiles {
+    static constexpr int HeadDim = HeadDim_, Br = Br_, Bc = Bc_;
+    static constexpr int KEYS_PER_WARP = 16;              /* one k16 step of mma */
+    static constexpr int NWARPS = Bc / KEYS_PER_WARP;
+    static constexpr int NTHREADS = NWARPS * WARP_SIZE;
+    static constexpr int M_TILES = Br / 16;               /* m16 row tiles of the mma */
     static constexpr int LDH = HeadDim + HALF_PAD;   /* row stride of K_j, V_j, Q_i (halves) */
     static constexpr int LDF = HeadDim + FLOAT_PAD;  /* row stride of the partial O (floats) */
     static constexpr size_t K_j = 0;                                               /* [Bc][LDH] fp16 */
@@ -71,21 +66,50 @@ struct smem_layout {
     static constexpr size_t alpha = row_sum + sizeof(float) * NWARPS * Br;         /* [Br] */
     static constexpr size_t beta = alpha + sizeof(float) * Br;                     /* [Br] */
     static constexpr size_t inv_l = beta + sizeof(float) * Br;                     /* [Br] */
-    static constexpr size_t bytes = inv_l + sizeof(float) * Br;
+    static constexpr size_t smem_bytes = inv_l + sizeof(float) * Br;
+    static_assert(KEYS_PER_WARP * NWARPS == Bc, "the warps' key slices must cover K_j exactly");
+    static_assert(Br % 16 == 0, "Br must be whole m16 tiles");
+    static_assert(Bc % Br == 0, "causal skip (i starts at j*Bc/Br) assumes Br divides Bc");
+    static_assert(Br <= NTHREADS, "one thread per row computes the row factors");
     static_assert(HeadDim % 16 == 0, "head dim must be whole k16 steps");
     static_assert(O_part % 16 == 0, "partial O must be 16-byte aligned for float4");
 };
+
+/* Per head dim, fastest first (launch takes the first that fits the device's shared memory,
+ * common/cuda/launch.cuh). d = 64 fits every GPU. At d = 128 the first needs 112 KiB: a GPU that
+ * allows 99 KiB per block (RTX 30, 40, 50 cards) halves Br, one that allows 64 KiB (Turing)
+ * halves Bc instead: two warps of 16 keys each. */
+template <int HeadDim>
+struct cfg;
+template <>
+struct cfg<64> { typedef config_list<tiles<64, 32, 64>> list; };    /* 60 KiB */
+template <>
+struct cfg<128> { typedef config_list<tiles<128, 32, 64>,           /* 112 KiB */
+                                      tiles<128, 16, 64>,           /* 73 KiB */
+                                      tiles<128, 32, 32>> list; };  /* 60 KiB */
+
+/* Calls f(Tiles{}) with the first configuration of head dim d that fits `limit` bytes. */
+template <class F>
+int with_tiles(int d, size_t limit, char *why, size_t n, F &&f)
+{
+    switch (d) {
+    case 64: return first_fit(cfg<64>::list(), limit, d, why, n, f);
+    case 128: return first_fit(cfg<128>::list(), limit, d, why, n, f);
+    }
+    snprintf(why, n, "supports head dim 64 or 128 (got d=%d)", d);
+    return ATTN_UNSUPPORTED;
+}
 
 /* ---- kernel ---- */
 
 /* Rows row0 .. row0+ROWS-1 of one head's [N, HeadDim] fp16 matrix into a shared tile with row stride
  * LDH, 16 bytes per cp.async. Rows at or past N are zero-filled (and never read from HBM). */
-template <int HeadDim, int ROWS>
+template <class Tiles, int ROWS>
 __device__ __forceinline__ void load_tile(__half *tile, const __half *src, int row0, int N)
 {
-    constexpr int LDH = smem_layout<HeadDim>::LDH;
+    constexpr int HeadDim = Tiles::HeadDim, LDH = Tiles::LDH;
     constexpr int CHUNKS = HeadDim / 8; /* 16-byte pieces per row */
-    for (int c = threadIdx.x; c < ROWS * CHUNKS; c += NTHREADS) {
+    for (int c = threadIdx.x; c < ROWS * CHUNKS; c += Tiles::NTHREADS) {
         const int r = c / CHUNKS, col = (c % CHUNKS) * 8;
         const bool valid = row0 + r < N;
         const __half *from = src + (size_t)(valid ? row0 + r : 0) * HeadDim + col;
@@ -94,14 +118,15 @@ __device__ __forceinline__ void load_tile(__half *tile, const __half *src, int r
 }
 
 /* COUNT: the counting build for --counters (common/cuda/counters.cuh); the timed build has none. */
-template <int HeadDim, bool COUNT>
-__global__ void __launch_bounds__(NTHREADS)
+template <class Tiles, bool COUNT>
+__global__ void __launch_bounds__(Tiles::NTHREADS)
 stage5_delayed_kernel(const __half *__restrict__ Q, const __half *__restrict__ K, const __half *__restrict__ V,
                       __half *__restrict__ O, float *__restrict__ L, float *__restrict__ work, int N, int causal,
                       float scale_log2, unsigned long long *counters)
 {
-    typedef smem_layout<HeadDim> SM;
-    constexpr int LDH = SM::LDH, LDF = SM::LDF;
+    typedef Tiles SM;
+    constexpr int HeadDim = SM::HeadDim, Br = SM::Br, Bc = SM::Bc, NWARPS = SM::NWARPS, NTHREADS = SM::NTHREADS;
+    constexpr int KEYS_PER_WARP = SM::KEYS_PER_WARP, M_TILES = SM::M_TILES, LDH = SM::LDH, LDF = SM::LDF;
     /* The combine gives each thread COMBINE_PER_THREAD float4 pieces of the Br x HeadDim tile O_i. */
     constexpr int COMBINE_PER_THREAD = Br * (HeadDim / 4) / NTHREADS;
     static_assert(Br * (HeadDim / 4) % NTHREADS == 0, "O_i must split evenly into float4 pieces per thread");
@@ -135,9 +160,9 @@ stage5_delayed_kernel(const __half *__restrict__ Q, const __half *__restrict__ K
         const int i_start = causal ? (j * Bc) / Br : 0; /* causal: Q tiles wholly above the diagonal see none of K_j */
         /* K_j, V_j: HBM -> shared memory once per outer step, read by every inner step; and the
          * first Q_i of this outer step (the later ones are fetched one step ahead, below). */
-        load_tile<HeadDim, Bc>(K_j, K, j * Bc, N);
-        load_tile<HeadDim, Bc>(V_j, V, j * Bc, N);
-        load_tile<HeadDim, Br>(Q_i, Q, i_start * Br, N);
+        load_tile<Tiles, Bc>(K_j, K, j * Bc, N);
+        load_tile<Tiles, Bc>(V_j, V, j * Bc, N);
+        load_tile<Tiles, Br>(Q_i, Q, i_start * Br, N);
         cp_async_commit();
 
         for (int i = i_start; i < Tr; i++) {
@@ -207,7 +232,7 @@ stage5_delayed_kernel(const __half *__restrict__ Q, const __half *__restrict__ K
 
             /* Q_{i+1}: HBM -> shared memory now, overlapping the rest of this step (Algorithm 1
              * still loads Q_i once per inner step; it only starts the load earlier). */
-            if (i + 1 < Tr) load_tile<HeadDim, Br>(Q_i, Q, (i + 1) * Br, N);
+            if (i + 1 < Tr) load_tile<Tiles, Br>(Q_i, Q, (i + 1) * Br, N);
             cp_async_commit();
 
             /* m~_ij = max over the warps; P~_ij = exp(S_ij - m~_ij); l~_ij = rowsum(P~_ij),
@@ -349,8 +374,10 @@ size_t workspace_bytes(const struct shape *sh)
 /* The HBM bytes the loop structure moves, walking the (j, i) steps the kernel takes (rows past N
  * are zero-filled, never read): K_j, V_j once; Q_i on every step; O_i, m_i, l_i read on every
  * step but a row's first and written on every step but its last; O (fp16) and L once. */
-void hbm_bytes(const struct shape *sh, struct hbm_traffic *t)
+template <class Tiles>
+void hbm_bytes_with(const struct shape *sh, struct hbm_traffic *t)
 {
+    constexpr int Br = Tiles::Br, Bc = Tiles::Bc;
     const int N = sh->N, Tr = CEIL_DIV(N, Br), Tc = CEIL_DIV(N, Bc);
     double q_rows = 0, work_rows = 0; /* per head: Q rows read, O_i/m_i/l_i rows read or written */
     for (int j = 0; j < Tc; j++)
@@ -369,19 +396,29 @@ void hbm_bytes(const struct shape *sh, struct hbm_traffic *t)
     t->q_reads = q_rows / N;
 }
 
-template <int HeadDim, bool COUNT>
+/* ... with the tiles this device takes */
+void hbm_bytes(const struct shape *sh, struct hbm_traffic *t)
+{
+    char why[160];
+    with_tiles(sh->d, gpu_smem_limit(), why, sizeof why, [&](auto tl) {
+        hbm_bytes_with<decltype(tl)>(sh, t);
+        return 0;
+    });
+}
+
+template <class Tiles, bool COUNT>
 int launch(const struct attn_args *a, char *why, size_t n)
 {
-    const size_t smem = smem_layout<HeadDim>::bytes;
-    if (int rc = smem_optin(stage5_delayed_kernel<HeadDim, COUNT>, smem, HeadDim, why, n)) return rc;
+    const size_t smem = Tiles::smem_bytes;
+    if (int rc = smem_optin(stage5_delayed_kernel<Tiles, COUNT>, smem, Tiles::HeadDim, why, n)) return rc;
 
     const struct shape *sh = &a->sh;
     const dim3 grid(sh->B * sh->H); /* one block per (batch, head), as in Algorithm 1 */
-    const dim3 block(NTHREADS);
-    stage5_delayed_kernel<HeadDim, COUNT><<<grid, block, smem>>>((const __half *)a->Q, (const __half *)a->K,
-                                                           (const __half *)a->V, (__half *)a->O, a->L,
-                                                           (float *)a->work, sh->N, sh->causal, sh->scale * LOG2E,
-                                                           a->counters);
+    const dim3 block(Tiles::NTHREADS);
+    stage5_delayed_kernel<Tiles, COUNT><<<grid, block, smem>>>((const __half *)a->Q, (const __half *)a->K,
+                                                         (const __half *)a->V, (__half *)a->O, a->L,
+                                                         (float *)a->work, sh->N, sh->causal, sh->scale * LOG2E,
+                                                         a->counters);
     CUDA_TRY(cudaGetLastError());
     return 0;
 }
@@ -397,8 +434,20 @@ int forward(const struct attn_args *a, char *why, size_t n)
         snprintf(why, n, "needs its workspace (O, m, l in HBM) and got none");
         return ATTN_UNSUPPORTED;
     }
-    if (a->counters) return a->sh.d == 64 ? launch<64, true>(a, why, n) : launch<128, true>(a, why, n);
-    return a->sh.d == 64 ? launch<64, false>(a, why, n) : launch<128, false>(a, why, n);
+    /* the tiles: the first of the head dim's configurations that fits this device */
+    return with_tiles(a->sh.d, gpu_smem_limit(), why, n, [&](auto tl) {
+        return a->counters ? launch<decltype(tl), true>(a, why, n) : launch<decltype(tl), false>(a, why, n);
+    });
+}
+
+/* The tiles forward takes where a block may have `limit` bytes (the summary names them). */
+int tiles_for(const struct attn_args *a, int backward, size_t limit, struct tile_config *c)
+{
+    (void)backward; /* a forward only */
+    return with_tiles(a->sh.d, limit, c->text, sizeof c->text, [&](auto tl) {
+        typedef decltype(tl) Tl;
+        return tiles_found(c, Tl::Br, Tl::Bc, Tl::smem_bytes, "Br=%d Bc=%d, %d warps", Tl::Br, Tl::Bc, Tl::NWARPS);
+    });
 }
 
 } // namespace
@@ -416,4 +465,5 @@ extern "C" const struct stage stage5_desc = {
     .hbm_traffic = hbm_bytes,
     .measures_backward = 0,
     .arch_sm = 0,
+    .tiles = tiles_for,
 };

@@ -31,16 +31,14 @@ namespace {
 /* ---- configuration ---- */
 
 /* Eight warps per block. With split Q each warp owns ROWS_PER_WARP = 16 rows of Q_i, one m16 tile
- * of the mma, so Br = 128; Bc stays 64. Per thread that is 16 x HeadDim / 32 fp32 of O_i (64 registers
- * at HeadDim = 128) and 16 x Bc / 32 of S_ij (32): well inside the 255 a thread may use. The shared
- * memory is Q_i, K_j, V_j alone: 68 KiB at HeadDim = 128 (stage 6 needed 112 KiB for a Q tile of 32). */
+ * of the mma, so Br = 128; K/V tiles of Bc = 64 keys (32 where shared memory is short: tiles
+ * below). Per thread that is 16 x HeadDim / 32 fp32 of O_i (64 registers at HeadDim = 128) and
+ * 16 x Bc / 32 of S_ij (32): well inside the 255 a thread may use. The shared memory is Q_i, K_j,
+ * V_j alone: 68 KiB at HeadDim = 128 (stage 6 needed 112 KiB for a Q tile of 32). */
 constexpr int NWARPS = 8;
 constexpr int NTHREADS = NWARPS * WARP_SIZE;
 constexpr int ROWS_PER_WARP = 16;                 /* one m16 tile of the mma */
 constexpr int Br = NWARPS * ROWS_PER_WARP;        /* 128 query rows per Q tile */
-constexpr int Bc = 64;                            /* keys per K/V tile */
-
-static_assert(Bc % 16 == 0, "K_j must be whole k16 steps of the P_ij V_j product");
 
 /* Shared-memory row padding against bank conflicts: a row of HeadDim halves is a multiple of 128
  * bytes, so the 8 rows one ldmatrix reads would all start in the same bank. +8 halves (16 bytes)
@@ -48,17 +46,42 @@ static_assert(Bc % 16 == 0, "K_j must be whole k16 steps of the P_ij V_j product
  * cp.async and ldmatrix. */
 constexpr int HALF_PAD = 8;
 
-/* Dynamic shared memory, computed from the tile sizes (byte offsets, then the total): only the
- * three input tiles now. */
-template <int HeadDim>
-struct smem_layout {
+/* One configuration, and its dynamic shared memory computed from the tile sizes (byte offsets,
+ * then the total): only the three input tiles now. */
+template <int HeadDim_, int Bc_>
+struct tiles {
+    static constexpr int HeadDim = HeadDim_, Bc = Bc_;             /* Bc: keys per K/V tile */
     static constexpr int LDH = HeadDim + HALF_PAD;   /* row stride of K_j, V_j, Q_i (halves) */
     static constexpr size_t K_j = 0;                                               /* [Bc][LDH] fp16 */
     static constexpr size_t V_j = K_j + sizeof(__half) * Bc * LDH;                 /* [Bc][LDH] fp16 */
     static constexpr size_t Q_i = V_j + sizeof(__half) * Bc * LDH;                 /* [Br][LDH] fp16 */
-    static constexpr size_t bytes = Q_i + sizeof(__half) * Br * LDH;
+    static constexpr size_t smem_bytes = Q_i + sizeof(__half) * Br * LDH;
     static_assert(HeadDim % 16 == 0, "head dim must be whole k16 steps");
+    static_assert(Bc % 16 == 0, "K_j must be whole k16 steps of the P_ij V_j product");
 };
+
+/* Per head dim, fastest first (launch takes the first that fits the device's shared memory,
+ * common/cuda/launch.cuh). d = 64 fits every GPU (36 KiB); at d = 128 a GPU that allows 64 KiB per
+ * block (Turing) takes K/V tiles of 32 keys, which keeps the eight warps and the Q tile. */
+template <int HeadDim>
+struct cfg;
+template <>
+struct cfg<64> { typedef config_list<tiles<64, 64>> list; };    /* 36 KiB */
+template <>
+struct cfg<128> { typedef config_list<tiles<128, 64>,           /* 68 KiB */
+                                      tiles<128, 32>> list; };  /* 51 KiB */
+
+/* Calls f(Tiles{}) with the first configuration of head dim d that fits `limit` bytes. */
+template <class F>
+int with_tiles(int d, size_t limit, char *why, size_t n, F &&f)
+{
+    switch (d) {
+    case 64: return first_fit(cfg<64>::list(), limit, d, why, n, f);
+    case 128: return first_fit(cfg<128>::list(), limit, d, why, n, f);
+    }
+    snprintf(why, n, "supports head dim 64 or 128 (got d=%d)", d);
+    return ATTN_UNSUPPORTED;
+}
 
 /* ---- kernel ---- */
 
@@ -67,7 +90,7 @@ struct smem_layout {
 template <int HeadDim, int ROWS>
 __device__ __forceinline__ void load_tile(__half *tile, const __half *src, int row0, int N)
 {
-    constexpr int LDH = smem_layout<HeadDim>::LDH;
+    constexpr int LDH = HeadDim + HALF_PAD;
     constexpr int CHUNKS = HeadDim / 8; /* 16-byte pieces per row */
     for (int c = threadIdx.x; c < ROWS * CHUNKS; c += NTHREADS) {
         const int r = c / CHUNKS, col = (c % CHUNKS) * 8;
@@ -78,14 +101,14 @@ __device__ __forceinline__ void load_tile(__half *tile, const __half *src, int r
 }
 
 /* COUNT: the counting build for --counters (common/cuda/counters.cuh); the timed build has none. */
-template <int HeadDim, bool COUNT>
+template <class Tiles, bool COUNT>
 __global__ void __launch_bounds__(NTHREADS)
 stage7_split_q_kernel(const __half *__restrict__ Q, const __half *__restrict__ K, const __half *__restrict__ V,
                       __half *__restrict__ O, float *__restrict__ L, int N, int causal, float scale_log2,
                       unsigned long long *counters)
 {
-    typedef smem_layout<HeadDim> SM;
-    constexpr int LDH = SM::LDH;
+    typedef Tiles SM;
+    constexpr int HeadDim = SM::HeadDim, Bc = SM::Bc, LDH = SM::LDH;
     constexpr int KT = Bc / 8;   /* n8 key tiles of S_ij */
     constexpr int DT = HeadDim / 8;    /* n8 column tiles of O_i */
     extern __shared__ __align__(16) unsigned char smem[];
@@ -246,8 +269,10 @@ stage7_split_q_kernel(const __half *__restrict__ Q, const __half *__restrict__ K
 /* The HBM bytes the loop structure moves, walking the (i, j) steps the kernel takes (rows past N
  * are zero-filled, never read): Q_i once; K_j, V_j on every step; O (fp16) and L once. Nothing
  * else: O_i, m_i, l_i never leave the chip. */
-void hbm_bytes(const struct shape *sh, struct hbm_traffic *t)
+template <class Tiles>
+void hbm_bytes_with(const struct shape *sh, struct hbm_traffic *t)
 {
+    constexpr int Bc = Tiles::Bc;
     const int N = sh->N, Tr = CEIL_DIV(N, Br), Tc = CEIL_DIV(N, Bc);
     double kv_rows = 0; /* per head: K (and V) rows read */
     for (int i = 0; i < Tr; i++) {
@@ -263,18 +288,28 @@ void hbm_bytes(const struct shape *sh, struct hbm_traffic *t)
     t->q_reads = 1;
 }
 
-template <int HeadDim, bool COUNT>
+/* ... with the tiles this device takes */
+void hbm_bytes(const struct shape *sh, struct hbm_traffic *t)
+{
+    char why[160];
+    with_tiles(sh->d, gpu_smem_limit(), why, sizeof why, [&](auto tl) {
+        hbm_bytes_with<decltype(tl)>(sh, t);
+        return 0;
+    });
+}
+
+template <class Tiles, bool COUNT>
 int launch(const struct attn_args *a, char *why, size_t n)
 {
-    const size_t smem = smem_layout<HeadDim>::bytes;
-    if (int rc = smem_optin(stage7_split_q_kernel<HeadDim, COUNT>, smem, HeadDim, why, n)) return rc;
+    const size_t smem = Tiles::smem_bytes;
+    if (int rc = smem_optin(stage7_split_q_kernel<Tiles, COUNT>, smem, Tiles::HeadDim, why, n)) return rc;
 
     const struct shape *sh = &a->sh;
     const dim3 grid(sh->B * sh->H); /* still one block per (batch, head) */
     const dim3 block(NTHREADS);
-    stage7_split_q_kernel<HeadDim, COUNT><<<grid, block, smem>>>((const __half *)a->Q, (const __half *)a->K,
-                                                           (const __half *)a->V, (__half *)a->O, a->L, sh->N,
-                                                           sh->causal, sh->scale * LOG2E, a->counters);
+    stage7_split_q_kernel<Tiles, COUNT><<<grid, block, smem>>>((const __half *)a->Q, (const __half *)a->K,
+                                                         (const __half *)a->V, (__half *)a->O, a->L, sh->N,
+                                                         sh->causal, sh->scale * LOG2E, a->counters);
     CUDA_TRY(cudaGetLastError());
     return 0;
 }
@@ -286,8 +321,20 @@ int forward(const struct attn_args *a, char *why, size_t n)
                  dtype_name(a->dtype), a->sh.d);
         return ATTN_UNSUPPORTED;
     }
-    if (a->counters) return a->sh.d == 64 ? launch<64, true>(a, why, n) : launch<128, true>(a, why, n);
-    return a->sh.d == 64 ? launch<64, false>(a, why, n) : launch<128, false>(a, why, n);
+    /* the tiles: the first of the head dim's configurations that fits this device */
+    return with_tiles(a->sh.d, gpu_smem_limit(), why, n, [&](auto tl) {
+        return a->counters ? launch<decltype(tl), true>(a, why, n) : launch<decltype(tl), false>(a, why, n);
+    });
+}
+
+/* The tiles forward takes where a block may have `limit` bytes (the summary names them). */
+int tiles_for(const struct attn_args *a, int backward, size_t limit, struct tile_config *c)
+{
+    (void)backward; /* a forward only */
+    return with_tiles(a->sh.d, limit, c->text, sizeof c->text, [&](auto tl) {
+        typedef decltype(tl) Tl;
+        return tiles_found(c, Br, Tl::Bc, Tl::smem_bytes, "Br=%d Bc=%d", Br, Tl::Bc);
+    });
 }
 
 } // namespace
@@ -305,4 +352,5 @@ extern "C" const struct stage stage7_desc = {
     .hbm_traffic = hbm_bytes,
     .measures_backward = 0,
     .arch_sm = 0,
+    .tiles = tiles_for,
 };

@@ -45,30 +45,19 @@ namespace {
 /* ---- configuration ---- */
 
 /* Four warps per block at every head dim (eight warps of 16 rows measured 9 to 20% slower than
- * four of 32: notes/09_pipelined.md). Per head dim: each warp owns M_TILES m16 tiles (16 * M_TILES
- * rows) of the Q tile; K/V tiles of Bc keys; and the softmax and P_ij V_j work through a K/V tile
- * in sub-tiles of Bs keys (Bs = Bc where registers allow). Per thread a warp's rows hold
- * M_TILES * HeadDim / 2 fp32 of O_i and M_TILES * Bs / 2 of S_ij; the sum must stay well under
- * the 255 registers a thread may use, or the kernel spills (check with -Xptxas -v). Two row
- * tiles per warp (M_TILES = 2) halve the shared-memory reads per mma: each K or V fragment
- * serves both. */
+ * four of 32: notes/09_pipelined.md). A configuration (tiles below): each warp owns M_TILES m16
+ * tiles (16 * M_TILES rows) of the Q tile; K/V tiles of Bc keys; and the softmax and P_ij V_j
+ * work through a K/V tile in sub-tiles of Bs keys (Bs = Bc where registers allow). Per thread a
+ * warp's rows hold M_TILES * HeadDim / 2 fp32 of O_i and M_TILES * Bs / 2 of S_ij; the sum must
+ * stay well under the 255 registers a thread may use, or the kernel spills (check with -Xptxas
+ * -v). Two row tiles per warp (M_TILES = 2) halve the shared-memory reads per mma: each K or V
+ * fragment serves both. */
 constexpr int NWARPS = 4;
-template <int HeadDim>
-struct cfg;
-template <>
-struct cfg<32> { static constexpr int M_TILES = 2, Bc = 128, Bs = 128; };  /* O 32 + S 128 */
-template <>
-struct cfg<64> { static constexpr int M_TILES = 2, Bc = 128, Bs = 128; };  /* O 64 + S 128 */
-template <>
-struct cfg<128> { static constexpr int M_TILES = 2, Bc = 64, Bs = 32; };  /* O 128 + S 32 */
-template <>
-struct cfg<256> { static constexpr int M_TILES = 1, Bc = 64, Bs = 64; };  /* O 128 + S 32 */
 
-/* Everything derived from the configuration: tile sizes and the shared-memory layout. */
-template <int HeadDim>
+/* One configuration and everything derived from it: tile sizes and the shared-memory layout. */
+template <int HeadDim_, int M_TILES_, int Bc_, int Bs_>
 struct tiles {
-    typedef cfg<HeadDim> C;
-    static constexpr int M_TILES = C::M_TILES, Bc = C::Bc, Bs = C::Bs;
+    static constexpr int HeadDim = HeadDim_, M_TILES = M_TILES_, Bc = Bc_, Bs = Bs_;
     static constexpr int NTHREADS = NWARPS * WARP_SIZE;
     static constexpr int ROWS_PER_WARP = 16 * M_TILES;
     static constexpr int Br = NWARPS * ROWS_PER_WARP;
@@ -76,21 +65,55 @@ struct tiles {
     static constexpr size_t Q_i = 0;
     static constexpr size_t K_j = Q_i + 2 * (size_t)Br * HeadDim;
     static constexpr size_t V_j = K_j + 2 * 2 * (size_t)Bc * HeadDim;
-    static constexpr size_t bytes = V_j + 2 * 2 * (size_t)Bc * HeadDim;
+    static constexpr size_t smem_bytes = V_j + 2 * 2 * (size_t)Bc * HeadDim;
     static_assert(HeadDim % 16 == 0 && HeadDim >= 32, "head dim must be whole k16 steps, and at least 32 (swizzle)");
     static_assert(Bs % 16 == 0 && Bc % Bs == 0, "sub-tiles must be whole k16 steps of P_ij V_j and divide Bc");
 };
 
+/* Per head dim, fastest first (launch takes the first that fits the device's shared memory,
+ * common/cuda/launch.cuh). The first is what an H100, H200 or A100 (163 KiB) runs. Where a GPU
+ * allows less, Bc shrinks, which keeps the rows per warp and the O_i registers: 99 KiB (RTX 30,
+ * 40, 50 cards) changes only d = 256's tiles; 64 KiB (Turing) d = 64's and 128's too. Shared
+ * memory of each in the comment; O + S registers per thread. */
+template <int HeadDim>
+struct cfg;
+template <>
+struct cfg<32> { typedef config_list<tiles<32, 2, 128, 128>> list; };   /* 40 KiB; O 32 + S 128 */
+template <>
+struct cfg<64> { typedef config_list<tiles<64, 2, 128, 128>,            /* 80 KiB; O 64 + S 128 */
+                                     tiles<64, 2, 64, 64>> list; };     /* 48 KiB; O 64 + S 64 */
+template <>
+struct cfg<128> { typedef config_list<tiles<128, 2, 64, 32>,            /* 96 KiB; O 128 + S 32 */
+                                      tiles<128, 2, 32, 32>> list; };   /* 64 KiB; O 128 + S 32 */
+template <>
+struct cfg<256> { typedef config_list<tiles<256, 1, 64, 64>,            /* 160 KiB; O 128 + S 32 */
+                                      tiles<256, 1, 32, 32>,            /* 96 KiB; O 128 + S 16 */
+                                      tiles<256, 1, 16, 16>> list; };   /* 64 KiB; O 128 + S 8 */
+
+/* Calls f(Tiles{}) with the first configuration of head dim d that fits `limit` bytes. */
+template <class F>
+int with_tiles(int d, size_t limit, char *why, size_t n, F &&f)
+{
+    switch (d) {
+    case 32: return first_fit(cfg<32>::list(), limit, d, why, n, f);
+    case 64: return first_fit(cfg<64>::list(), limit, d, why, n, f);
+    case 128: return first_fit(cfg<128>::list(), limit, d, why, n, f);
+    case 256: return first_fit(cfg<256>::list(), limit, d, why, n, f);
+    }
+    snprintf(why, n, "supports head dim 32, 64, 128 or 256 (got d=%d)", d);
+    return ATTN_UNSUPPORTED;
+}
+
 /* ---- kernel ---- */
 
 /* COUNT: the counting build for --counters (common/cuda/counters.cuh); the timed build has none. */
-template <typename T, int HeadDim, bool COUNT>
-__global__ void __launch_bounds__(tiles<HeadDim>::NTHREADS)
+template <typename T, class Tiles, bool COUNT>
+__global__ void __launch_bounds__(Tiles::NTHREADS)
 stage9_pipelined_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__restrict__ V,
                            T *__restrict__ O, float *__restrict__ L, int N, int causal, float scale_log2,
                            unsigned long long *counters)
 {
-    typedef tiles<HeadDim> Tiles;
+    constexpr int HeadDim = Tiles::HeadDim;
     typedef mma16<T> M;
     constexpr int NTHREADS = Tiles::NTHREADS, M_TILES = Tiles::M_TILES, Br = Tiles::Br, Bc = Tiles::Bc;
     constexpr int Bs = Tiles::Bs;
@@ -288,10 +311,9 @@ stage9_pipelined_kernel(const T *__restrict__ Q, const T *__restrict__ K, const 
 /* ---- launcher ---- */
 
 /* Rows of K (and V) read for the Q tiles of one head: each Q tile reads the K/V tiles it sees. */
-template <int HeadDim>
+template <class Tiles>
 double kv_rows_read(const struct shape *sh)
 {
-    typedef tiles<HeadDim> Tiles;
     const int N = sh->N, Tr = CEIL_DIV(N, Tiles::Br), Tc = CEIL_DIV(N, Tiles::Bc);
     double rows = 0;
     for (int i = 0; i < Tr; i++) {
@@ -301,12 +323,16 @@ double kv_rows_read(const struct shape *sh)
     return rows;
 }
 
-/* The HBM bytes the loop structure moves: Q once; K_j, V_j once per Q tile that sees them; O and L
- * once. (16-bit elements in both dtypes.) */
+/* The HBM bytes the loop structure moves, with the tiles this device takes: Q once; K_j, V_j once
+ * per Q tile that sees them; O and L once. (16-bit elements in both dtypes.) */
 void hbm_bytes(const struct shape *sh, struct hbm_traffic *t)
 {
-    const double kv_rows = sh->d == 32 ? kv_rows_read<32>(sh) : sh->d == 64 ? kv_rows_read<64>(sh)
-                           : sh->d == 128 ? kv_rows_read<128>(sh) : kv_rows_read<256>(sh);
+    char why[160];
+    double kv_rows = 0;
+    with_tiles(sh->d, gpu_smem_limit(), why, sizeof why, [&](auto tl) {
+        kv_rows = kv_rows_read<decltype(tl)>(sh);
+        return 0;
+    });
     const double heads = (double)sh->B * sh->H, d = sh->d, N = sh->N;
     t->Q = heads * N * d * 2;
     t->KV = heads * 2.0 * kv_rows * d * 2;
@@ -316,12 +342,11 @@ void hbm_bytes(const struct shape *sh, struct hbm_traffic *t)
     t->q_reads = 1;
 }
 
-template <typename T, int HeadDim, bool COUNT>
+template <typename T, class Tiles, bool COUNT>
 int launch(const struct attn_args *a, char *why, size_t n)
 {
-    typedef tiles<HeadDim> Tiles;
-    const size_t smem = Tiles::bytes;
-    if (int rc = smem_optin(stage9_pipelined_kernel<T, HeadDim, COUNT>, smem, HeadDim, why, n)) return rc;
+    const size_t smem = Tiles::smem_bytes;
+    if (int rc = smem_optin(stage9_pipelined_kernel<T, Tiles, COUNT>, smem, Tiles::HeadDim, why, n)) return rc;
 
     const struct shape *sh = &a->sh;
     const long long bh = (long long)sh->B * sh->H;
@@ -332,25 +357,20 @@ int launch(const struct attn_args *a, char *why, size_t n)
     /* (batch, head) in x, Q tiles in y: at most 2^20 / 64 = 16384 tiles, under y's 65535 */
     const dim3 grid((unsigned)bh, CEIL_DIV(sh->N, Tiles::Br));
     const dim3 block(Tiles::NTHREADS);
-    stage9_pipelined_kernel<T, HeadDim, COUNT><<<grid, block, smem>>>(
+    stage9_pipelined_kernel<T, Tiles, COUNT><<<grid, block, smem>>>(
         (const T *)a->Q, (const T *)a->K, (const T *)a->V, (T *)a->O, a->L, sh->N, sh->causal,
         sh->scale * LOG2E, a->counters);
     CUDA_TRY(cudaGetLastError());
     return 0;
 }
 
-/* dtype, head dim and counting build -> the kernel's template arguments */
+/* dtype, head dim (its tiles: the first that fits this device) and counting build -> the kernel's
+ * template arguments */
 template <typename T, bool COUNT>
 int dispatch_d(const struct attn_args *a, char *why, size_t n)
 {
-    switch (a->sh.d) {
-    case 32: return launch<T, 32, COUNT>(a, why, n);
-    case 64: return launch<T, 64, COUNT>(a, why, n);
-    case 128: return launch<T, 128, COUNT>(a, why, n);
-    case 256: return launch<T, 256, COUNT>(a, why, n);
-    }
-    snprintf(why, n, "supports head dim 32, 64, 128 or 256 (got d=%d)", a->sh.d);
-    return ATTN_UNSUPPORTED;
+    return with_tiles(a->sh.d, gpu_smem_limit(), why, n,
+                      [&](auto tl) { return launch<T, decltype(tl), COUNT>(a, why, n); });
 }
 
 template <typename T>
@@ -365,6 +385,16 @@ int forward(const struct attn_args *a, char *why, size_t n)
     if (a->dtype == DT_BF16) return dispatch<__nv_bfloat16>(a, why, n);
     snprintf(why, n, "supports fp16 and bf16 (got %s)", dtype_name(a->dtype));
     return ATTN_UNSUPPORTED;
+}
+
+/* The tiles forward takes where a block may have `limit` bytes (the summary names them). */
+int tiles_for(const struct attn_args *a, int backward, size_t limit, struct tile_config *c)
+{
+    (void)backward; /* a forward only */
+    return with_tiles(a->sh.d, limit, c->text, sizeof c->text, [&](auto tl) {
+        typedef decltype(tl) Tl;
+        return tiles_found(c, Tl::Br, Tl::Bc, Tl::smem_bytes, "Br=%d Bc=%d Bs=%d", Tl::Br, Tl::Bc, Tl::Bs);
+    });
 }
 
 } // namespace
@@ -382,4 +412,5 @@ extern "C" const struct stage stage9_desc = {
     .hbm_traffic = hbm_bytes,
     .measures_backward = 0,
     .arch_sm = 0,
+    .tiles = tiles_for,
 };

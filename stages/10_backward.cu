@@ -62,20 +62,42 @@ namespace {
  * KEYS_PER_WARP_A and UNROLL_A are the choices measured fastest without spilling at d = 64 and 128
  * (notes/10_backward.md); d = 32 takes d = 64's, d = 256 FA-2's phase A split (32 keys x 16
  * queries). Shared memory (kv_smem_layout below) comes to 114, 162, 161 and 209 KiB at d = 32, 64,
- * 128, 256: d = 256 needs an H100 or H200 (227 KiB per block); on an A100 (163 KiB) launch refuses
- * it with smem_optin's message. */
-constexpr int KV_WARPS = 8, KV_THREADS = KV_WARPS * WARP_SIZE;
+ * 128, 256: d = 256's fit an H100 or H200 (227 KiB per block) alone.
+ * Where a GPU allows a block less, launch takes the first configuration of the head dim's list
+ * below that fits (common/cuda/launch.cuh): a smaller Q tile first, then a smaller K/V tile too,
+ * with four warps where phases A to C do not divide the smaller tiles among eight. d = 256 has
+ * none for 99 KiB or less: Q_i and dO_i, double-buffered, are 64 KiB at Br = 32 alone (100.5 KiB
+ * in all with four warps and Bc = 32); there the launch refuses it with first_fit's message. */
+template <int HeadDim, int Br, int Bc>
+struct kv_smem_layout;
+/* One configuration: KV_WARPS warps, Br, Bc, and phase A's split. UNROLL_A: how many k16 steps of
+ * phase A's loop over the head dim are unrolled (d = 32 has 2). */
+template <int HeadDim_, int KV_WARPS_, int Br_, int Bc_, int KEYS_PER_WARP_A_, int UNROLL_A_>
+struct kv_tiles {
+    static constexpr int HeadDim = HeadDim_, KV_WARPS = KV_WARPS_, Br = Br_, Bc = Bc_;
+    static constexpr int KEYS_PER_WARP_A = KEYS_PER_WARP_A_, UNROLL_A = UNROLL_A_;
+    static constexpr size_t smem_bytes = kv_smem_layout<HeadDim, Br, Bc>::bytes;
+};
+/* Per head dim, fastest first (the first is the H100/H200's; the A100, 163 KiB, runs it too but
+ * at d = 256). The shared memory of each in the comment: 99 KiB fits an RTX 30, 40 or 50 card,
+ * 64 KiB a T4. */
 template <int HeadDim>
 struct kv_cfg;
-/* UNROLL_A: how many k16 steps of phase A's loop over the head dim are unrolled (d = 32 has 2) */
 template <>
-struct kv_cfg<32> { static constexpr int Br = 128, Bc = 128, KEYS_PER_WARP_A = 64, UNROLL_A = 2; };
+struct kv_cfg<32> { typedef config_list<kv_tiles<32, 8, 128, 128, 64, 2>,          /* 114 KiB */
+                                        kv_tiles<32, 4, 64, 128, 64, 2>,           /* 65 KiB */
+                                        kv_tiles<32, 4, 64, 64, 32, 2>> list; };   /* 41 KiB */
 template <>
-struct kv_cfg<64> { static constexpr int Br = 128, Bc = 128, KEYS_PER_WARP_A = 64, UNROLL_A = 4; };
+struct kv_cfg<64> { typedef config_list<kv_tiles<64, 8, 128, 128, 64, 4>,          /* 162 KiB */
+                                        kv_tiles<64, 8, 64, 128, 32, 4>,           /* 97 KiB */
+                                        kv_tiles<64, 4, 32, 64, 32, 4>> list; };   /* 40.5 KiB */
 template <>
-struct kv_cfg<128> { static constexpr int Br = 64, Bc = 128, KEYS_PER_WARP_A = 32, UNROLL_A = 4; };
+struct kv_cfg<128> { typedef config_list<kv_tiles<128, 8, 64, 128, 32, 4>,        /* 161 KiB */
+                                         kv_tiles<128, 8, 32, 64, 16, 4>,         /* 72.5 KiB */
+                                         kv_tiles<128, 4, 32, 32, 16, 4>> list; }; /* 52.5 KiB */
 template <>
-struct kv_cfg<256> { static constexpr int Br = 64, Bc = 64, KEYS_PER_WARP_A = 32, UNROLL_A = 4; };
+struct kv_cfg<256> { typedef config_list<kv_tiles<256, 8, 64, 64, 32, 4>,         /* 209 KiB */
+                                         kv_tiles<256, 8, 32, 64, 16, 4>> list; }; /* 136.5 KiB */
 
 /* The dQ kernel (--deterministic). Per K/V tile it computes S = Q_i K_j^T, dP = dO_i V_j^T,
  * dS = P * (dP - D) and dQ_i += dS K_j: three products whose rows are all the Q tile's queries,
@@ -112,9 +134,9 @@ struct dq_cfg<256> { static constexpr int WARPS = 8, M_TILES = 1, Bc = 32, Bs = 
 /* Shared memory of the dK/dV kernel: K_j, V_j [Bc][HeadDim]; Q_i, dO_i [2][Br][HeadDim]
  * (double-buffered); P^T, dS^T [Bc][Br] (16-bit); L_i, D_i [2][Br]. Tiles are swizzled
  * (common/cuda/swizzle.cuh). */
-template <int HeadDim>
+template <int HeadDim, int Br_, int Bc_>
 struct kv_smem_layout {
-    static constexpr int Br = kv_cfg<HeadDim>::Br, Bc = kv_cfg<HeadDim>::Bc;
+    static constexpr int Br = Br_, Bc = Bc_;
     static constexpr size_t K_j = 0;
     static constexpr size_t V_j = K_j + 2 * (size_t)Bc * HeadDim;
     static constexpr size_t Q_i = V_j + 2 * (size_t)Bc * HeadDim;
@@ -204,18 +226,19 @@ stage10_preprocess_kernel(const T *__restrict__ O, const T *__restrict__ dO, con
  * two mma, and shared-memory reads were the limit (1.74 mma per ldmatrix.x4 at d = 128). Writing
  * P^T and dS^T to shared memory once lets each phase pick the warp layout that reuses its loads:
  * per step and warp, 144 ldmatrix.x4 feed 320 mma at d = 64 and 128 (2.2). */
-template <typename T, int HeadDim>
-__global__ void __launch_bounds__(KV_THREADS)
+template <typename T, class Cfg>
+__global__ void __launch_bounds__(Cfg::KV_WARPS * WARP_SIZE)
 stage10_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__restrict__ V,
                    const T *__restrict__ dO, const float *__restrict__ L2, const float *__restrict__ Dsum,
                    T *__restrict__ dK, T *__restrict__ dV, float *__restrict__ dQ_acc, int N, int causal,
                    float scale, int with_dq)
 {
-    typedef kv_smem_layout<HeadDim> Smem;
+    constexpr int HeadDim = Cfg::HeadDim, KV_WARPS = Cfg::KV_WARPS, KV_THREADS = KV_WARPS * WARP_SIZE;
+    typedef kv_smem_layout<HeadDim, Cfg::Br, Cfg::Bc> Smem;
     typedef mma16<T> M;
     constexpr int Br = Smem::Br, Bc = Smem::Bc; /* queries per Q tile, keys per K/V tile */
     /* phase A: keys and queries per warp, and the m16 key tiles and n8 query tiles they make */
-    constexpr int KEYS_PER_WARP_A = kv_cfg<HeadDim>::KEYS_PER_WARP_A;
+    constexpr int KEYS_PER_WARP_A = Cfg::KEYS_PER_WARP_A;
     constexpr int QUERIES_PER_WARP_A = Bc * Br / (KV_WARPS * KEYS_PER_WARP_A);
     constexpr int KEY_TILES_A = KEYS_PER_WARP_A / 16, QUERY_TILES_A = QUERIES_PER_WARP_A / 8;
     /* phase B: the Bc keys in KEY_GROUPS_B groups of 32; the KV_WARPS / KEY_GROUPS_B warps on one
@@ -233,7 +256,7 @@ stage10_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *_
                   "phases B and C cover the tiles exactly: B (Bc / 32) x (HeadDim / COLS_PER_WARP_B) warps, "
                   "C (Br / 32) x (HeadDim / COLS_PER_WARP_C), each column share whole k16 steps");
     static_assert(2 * Br <= KV_THREADS, "one thread per L_i and per D_i element of a Q tile");
-    constexpr int UNROLL_A = kv_cfg<HeadDim>::UNROLL_A;
+    constexpr int UNROLL_A = Cfg::UNROLL_A;
     static_assert(HeadDim % (16 * UNROLL_A) == 0 && (HeadDim == 16 * UNROLL_A || (2 * UNROLL_A) % 8 == 0),
                   "phase A's rolled loop advances by whole 128-byte lines of chunks (swizzle_step below)");
     static_assert((COLS_PER_WARP_B & (COLS_PER_WARP_B - 1)) == 0 && (COLS_PER_WARP_C & (COLS_PER_WARP_C - 1)) == 0,
@@ -701,18 +724,20 @@ size_t workspace_bytes(const struct shape *sh)
     return 2 * shape_rows(sh) * sizeof(float) + shape_elems(sh) * sizeof(float);
 }
 
-template <typename T, int HeadDim>
+template <typename T, class Cfg>
 int launch(const struct attn_args *a, char *why, size_t n)
 {
+    constexpr int HeadDim = Cfg::HeadDim;
     const struct shape *sh = &a->sh;
     const long long bh = (long long)sh->B * sh->H;
     if (bh > 65535) {
         snprintf(why, n, "batch * heads = %lld is more than a grid's y dimension holds (65535)", bh);
         return ATTN_UNSUPPORTED;
     }
-    const size_t kv_smem = kv_smem_layout<HeadDim>::bytes, dq_smem = dq_smem_layout<HeadDim>::bytes;
-    if (int rc = smem_optin(stage10_dkdv_kernel<T, HeadDim>, kv_smem, HeadDim, why, n)) return rc;
-    if (int rc = smem_optin(stage10_dq_kernel<T, HeadDim>, dq_smem, HeadDim, why, n)) return rc;
+    const size_t kv_smem = Cfg::smem_bytes, dq_smem = dq_smem_layout<HeadDim>::bytes;
+    if (int rc = smem_optin(stage10_dkdv_kernel<T, Cfg>, kv_smem, HeadDim, why, n)) return rc;
+    if (a->deterministic)
+        if (int rc = smem_optin(stage10_dq_kernel<T, HeadDim>, dq_smem, HeadDim, why, n)) return rc;
 
     const size_t rows = shape_rows(sh), elems = shape_elems(sh);
     float *dQ_acc = (float *)a->work, *Dsum = dQ_acc + elems, *L2 = Dsum + rows; /* dQ_acc first: 16-byte aligned */
@@ -722,7 +747,8 @@ int launch(const struct attn_args *a, char *why, size_t n)
     stage10_preprocess_kernel<T, HeadDim><<<(unsigned)CEIL_DIV(rows, PRE_THREADS / (HeadDim / 8)), PRE_THREADS>>>(
         O, dO, a->L, Dsum, L2, a->deterministic ? NULL : dQ_acc, rows);
     CUDA_TRY(cudaGetLastError());
-    stage10_dkdv_kernel<T, HeadDim><<<dim3(CEIL_DIV(sh->N, kv_cfg<HeadDim>::Bc), (unsigned)bh), KV_THREADS, kv_smem>>>(
+    const dim3 kv_grid(CEIL_DIV(sh->N, Cfg::Bc), (unsigned)bh);
+    stage10_dkdv_kernel<T, Cfg><<<kv_grid, Cfg::KV_WARPS * WARP_SIZE, kv_smem>>>(
         Q, K, V, dO, L2, Dsum, (T *)a->dK, (T *)a->dV, dQ_acc, sh->N, sh->causal, sh->scale, !a->deterministic);
     CUDA_TRY(cudaGetLastError());
     if (a->deterministic) {
@@ -737,17 +763,47 @@ int launch(const struct attn_args *a, char *why, size_t n)
     return 0;
 }
 
+/* Calls f(Cfg{}) with the first dK/dV configuration of head dim d that fits `limit` bytes. */
+template <class F>
+int with_kv_tiles(int d, size_t limit, char *why, size_t n, F &&f)
+{
+    switch (d) {
+    case 32: return first_fit(kv_cfg<32>::list(), limit, d, why, n, f);
+    case 64: return first_fit(kv_cfg<64>::list(), limit, d, why, n, f);
+    case 128: return first_fit(kv_cfg<128>::list(), limit, d, why, n, f);
+    case 256: return first_fit(kv_cfg<256>::list(), limit, d, why, n, f);
+    }
+    snprintf(why, n, "supports head dim 32, 64, 128 or 256 (got d=%d)", d);
+    return ATTN_UNSUPPORTED;
+}
+
 template <typename T>
 int dispatch(const struct attn_args *a, char *why, size_t n)
 {
-    switch (a->sh.d) {
-    case 32: return launch<T, 32>(a, why, n);
-    case 64: return launch<T, 64>(a, why, n);
-    case 128: return launch<T, 128>(a, why, n);
-    case 256: return launch<T, 256>(a, why, n);
-    }
-    snprintf(why, n, "supports head dim 32, 64, 128 or 256 (got d=%d)", a->sh.d);
-    return ATTN_UNSUPPORTED;
+    return with_kv_tiles(a->sh.d, gpu_smem_limit(), why, n,
+                         [&](auto cfg) { return launch<T, decltype(cfg)>(a, why, n); });
+}
+
+/* The backward's tiles where a block may have `limit` bytes: the dK/dV kernel's, and with
+ * --deterministic the dQ kernel's (the summary names them). */
+int backward_tiles(const struct attn_args *a, size_t limit, struct tile_config *c)
+{
+    return with_kv_tiles(a->sh.d, limit, c->text, sizeof c->text, [&](auto cfg) {
+        typedef decltype(cfg) Cfg;
+        constexpr int HeadDim = Cfg::HeadDim;
+        typedef dq_smem_layout<HeadDim> DQ;
+        if (a->deterministic && DQ::bytes > limit) { /* --deterministic's dQ kernel has one configuration */
+            snprintf(c->text, sizeof c->text, "d=%d: --deterministic's dQ kernel needs %.1f KiB of shared memory per "
+                     "block; this device allows %zu KiB (without --deterministic the backward fits)", HeadDim,
+                     DQ::bytes / 1024.0, limit / 1024);
+            return (int)ATTN_UNSUPPORTED;
+        }
+        char dq[64] = "";
+        if (a->deterministic) snprintf(dq, sizeof dq, "; dQ Br=%d Bc=%d", DQ::Br, DQ::Bc);
+        const size_t bytes = a->deterministic && DQ::bytes > Cfg::smem_bytes ? DQ::bytes : Cfg::smem_bytes;
+        return tiles_found(c, Cfg::Br, Cfg::Bc, bytes, "dK/dV Br=%d Bc=%d, %d warps%s", Cfg::Br, Cfg::Bc,
+                           Cfg::KV_WARPS, dq);
+    });
 }
 
 int backward(const struct attn_args *a, char *why, size_t n)
@@ -767,6 +823,10 @@ int backward(const struct attn_args *a, char *why, size_t n)
 /* The forward is stage 9's: O and L for the backward come from it. */
 extern "C" const struct stage stage9_desc;
 static int forward(const struct attn_args *a, char *why, size_t n) { return stage9_desc.forward(a, why, n); }
+static int tiles_for(const struct attn_args *a, int backward, size_t limit, struct tile_config *c)
+{
+    return backward ? backward_tiles(a, limit, c) : stage9_desc.tiles(a, 0, limit, c);
+}
 
 extern "C" const struct stage stage10_desc = {
     .name = "stage10",
@@ -781,4 +841,5 @@ extern "C" const struct stage stage10_desc = {
     .hbm_traffic = NULL,
     .measures_backward = 1,
     .arch_sm = 0,
+    .tiles = tiles_for,
 };

@@ -47,6 +47,41 @@ void test_require_gpu_arch(int arch_sm, const char *who)
     if (gpu_arch_check(arch_sm, who, why, sizeof why)) cr_skip_test("%s", why);
 }
 
+void test_require_fit(const struct stage *st, const struct shape *sh, enum dtype dt, int deterministic, int backward)
+{
+    char why[256];
+    if (!gpu_dtype_check || !gpu_smem_limit) cr_skip_test("built without CUDA");
+    if (gpu_dtype_check(dt, st->name, why, sizeof why)) cr_skip_test("%s", why);
+    if (!st->tiles) return;
+    struct attn_args a = {.sh = *sh, .dtype = dt, .deterministic = deterministic};
+    struct tile_config c;
+    if (st->tiles(&a, backward, gpu_smem_limit(), &c)) cr_skip_test("%s: %s", st->name, c.text);
+}
+
+int test_stage_selected(const struct stage *st)
+{
+    const char *s = getenv("ATTN_TEST_STAGES");
+    if (!s || !*s) return 1;
+    const int num = test_stage_number(st);
+    while (*s) {
+        char *end;
+        long lo = strtol(s, &end, 10), hi = lo;
+        if (end == s) break;
+        if (*end == '-') {
+            const char *h = end + 1;
+            hi = strtol(h, &end, 10);
+            if (end == h) break;
+        }
+        if (num >= lo && num <= hi) return 1;
+        if (*end == 0) return 0;
+        if (*end != ',') break;
+        s = end + 1;
+    }
+    fprintf(stderr, "ATTN_TEST_STAGES=%s: expected stage numbers and ranges, as 4-10 or 4-8,10\n",
+            getenv("ATTN_TEST_STAGES"));
+    exit(2);
+}
+
 const struct stage *test_find_stage(const char *name)
 {
     for (int s = 0; s < n_all_stages; s++)

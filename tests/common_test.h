@@ -39,6 +39,17 @@ void test_require_gpu(void);
  * `who` naming what needs it in the reason ("stage11", "the wgmma tests"). */
 void test_require_gpu_arch(int arch_sm, const char *who);
 
+/* After test_require_gpu: skips the running test with a one-line reason where this device (with
+ * ATTN_SMEM_CAP_KB's cap, if set) cannot run `st` on this problem: bf16 where the code running is
+ * Turing's (sm_75), or no tile configuration of the stage fits the shared memory a block may have
+ * (the stage would refuse it with exit 2, as designed). `backward`: the stage's backward. */
+void test_require_fit(const struct stage *st, const struct shape *sh, enum dtype dt, int deterministic,
+                      int backward);
+/* Whether the GPU grids take `st`: every stage, unless ATTN_TEST_STAGES lists some ("4-10",
+ * "9,10", "4-8,10": stage numbers and ranges). Criterion's --filter cannot pick parameters, so a
+ * run under a cap (ATTN_SMEM_CAP_KB) leaves the Hopper stages out this way. */
+int test_stage_selected(const struct stage *st);
+
 /* The stage called `name` in all_stages[] (the test fails if there is none), and the number in
  * a stage's name ("stage4" -> 4). */
 const struct stage *test_find_stage(const char *name);

@@ -10,7 +10,8 @@
  *                         N = 1000 and B·H = 192 at N = 129: two runs give dQ, dK, dV with
  *                         identical bits; dK and dV are the atomic path's bit for bit; dQ agrees
  *                         with the atomic path's within tol_grad.
- * Cases skip with a one-line reason where there is no CUDA device.
+ * Cases skip with a one-line reason where there is no CUDA device, or where the device cannot run
+ * them (test_require_fit: bf16 on Turing's code, tiles larger than its shared memory).
  */
 #include "common_test.h"
 #include <stdlib.h>
@@ -45,7 +46,7 @@ ParameterizedTestParameters(backward, vs_reference)
     /* beside the grid (B = 2, H = 3): one head, and many heads of a short sequence */
     static const int one_head_N[] = {1, 129};
     for (int s = 0; s < n_all_stages; s++) {
-        if (!all_stages[s]->measures_backward) continue;
+        if (!all_stages[s]->measures_backward || !test_stage_selected(all_stages[s])) continue;
         for (size_t di = 0; di < TEST_COUNT(test_bwd_grid_d); di++)
             for (int causal = 0; causal <= 1; causal++)
                 for (int det = 0; det <= 1; det++) {
@@ -80,6 +81,7 @@ ParameterizedTest(struct test_bwd_case *c, backward, vs_reference)
     char label[160], why[256];
     test_label(&c->tc, label, sizeof label);
     test_require_gpu();
+    test_require_fit(st, sh, c->tc.dtype, c->deterministic, 1);
     size_t n = shape_elems(sh);
     float *Q, *K, *V, *dO, *g[3] = {test_floats(n), test_floats(n), test_floats(n)};
     test_bwd_inputs(sh, c->tc.dtype, &Q, &K, &V, &dO);
@@ -103,7 +105,7 @@ ParameterizedTestParameters(backward, deterministic)
     size_t count = 0;
     char why[256];
     for (int s = 0; s < n_all_stages; s++) {
-        if (!all_stages[s]->measures_backward) continue;
+        if (!all_stages[s]->measures_backward || !test_stage_selected(all_stages[s])) continue;
         for (size_t k = 0; k < TEST_COUNT(shapes); k++)
             for (size_t di = 0; di < TEST_COUNT(test_bwd_grid_d); di++)
                 for (size_t t = 0; t < TEST_COUNT(test_bwd_dtypes); t++)
@@ -123,6 +125,8 @@ ParameterizedTest(struct test_case *c, backward, deterministic)
     char label[160], why[256];
     test_label(c, label, sizeof label);
     test_require_gpu();
+    test_require_fit(st, sh, c->dtype, 1, 1);
+    test_require_fit(st, sh, c->dtype, 0, 1);
     size_t n = shape_elems(sh);
     float *Q, *K, *V, *dO, *g[3][3]; /* g[run][dQ, dK, dV]: runs 0 and 1 --deterministic, 2 atomic */
     test_bwd_inputs(sh, c->dtype, &Q, &K, &V, &dO);

@@ -542,3 +542,64 @@ Test(cli, backward_save_then_load_round_trip)
         free(x[0]), free(x[1]);
     }
 }
+
+/* ---- the shared-memory cap (ATTN_SMEM_CAP_KB) and Turing's dtypes ---- */
+
+/* A cap that is not a whole number of KiB from 1 on: exit 2 with one line naming the variable,
+ * before any device is looked for (so on any machine), and nothing written. GPU stages say in
+ * --help that the variable exists. */
+Test(cli, smem_cap_bad_value_exits_2)
+{
+    if (access("./stage9", X_OK) != 0) cr_skip_test("./stage9 is not built here (a GPU stage needs nvcc)");
+    struct test_proc p;
+    test_spawn((char *[]){"./stage9", "--help", NULL}, &p);
+    cr_assert(p.code == EXIT_PASS && strstr(p.out, "ATTN_SMEM_CAP_KB=K"), "./stage9 --help does not name "
+              "ATTN_SMEM_CAP_KB:\n%s", p.out);
+    static const char *bad[] = {"abc", "0", "-64", "64k", "99.5"};
+    char save[128], what[96];
+    test_path(save, sizeof save, "save");
+    for (size_t k = 0; k < TEST_COUNT(bad); k++) {
+        setenv("ATTN_SMEM_CAP_KB", bad[k], 1);
+        snprintf(what, sizeof what, "ATTN_SMEM_CAP_KB=%s ./stage9", bad[k]);
+        test_spawn((char *[]){"./stage9", "--seqlen", "64", "--save", save, NULL}, &p);
+        test_assert_one_line_failure(&p, EXIT_USAGE, what, "ATTN_SMEM_CAP_KB");
+        cr_assert(access(save, F_OK) != 0, "%s wrote %s", what, save);
+    }
+}
+
+/* Under a cap a stage takes the smaller tiles it lists, and says so in the summary; below its
+ * smallest tiles it exits 2 with one line. Needs a GPU (the stage runs). */
+Test(cli, smem_cap_picks_smaller_tiles)
+{
+    char why[256];
+    if (access("./stage9", X_OK) != 0 || access("./stage10", X_OK) != 0) cr_skip_test("./stage9, ./stage10 not built here");
+    if (!gpu_available || gpu_available(why, sizeof why)) cr_skip_test("no CUDA device: %s", gpu_available ? why : "built without CUDA");
+    struct test_proc p;
+    setenv("ATTN_SMEM_CAP_KB", "99", 1);
+    test_spawn((char *[]){"./stage9", "--dim", "256", "--seqlen", "100", "--batch", "1", "--heads", "2", NULL}, &p);
+    cr_assert(p.code == EXIT_PASS, "ATTN_SMEM_CAP_KB=99 ./stage9 --dim 256: exit %d; stderr:\n%s", p.code, p.err);
+    cr_assert(strstr(p.out, "tiles Br=64 Bc=32 Bs=32") && strstr(p.out, "(ATTN_SMEM_CAP_KB=99)"),
+              "ATTN_SMEM_CAP_KB=99 ./stage9 --dim 256: the summary does not name the 99 KiB tiles:\n%s", p.out);
+    /* the backward has no tiles of 99 KiB or less at d = 256 */
+    test_spawn((char *[]){"./stage10", "--dim", "256", "--seqlen", "100", "--batch", "1", "--heads", "2", NULL}, &p);
+    test_assert_one_line_failure(&p, EXIT_USAGE, "ATTN_SMEM_CAP_KB=99 ./stage10 --dim 256", "needs at least");
+    setenv("ATTN_SMEM_CAP_KB", "16", 1);
+    test_spawn((char *[]){"./stage9", "--dim", "256", "--seqlen", "100", NULL}, &p);
+    test_assert_one_line_failure(&p, EXIT_USAGE, "ATTN_SMEM_CAP_KB=16 ./stage9 --dim 256", "needs at least 64.0 KiB");
+}
+
+/* Where the code running on the GPU is Turing's (a T4, or a build of compute_75 PTX on any GPU),
+ * bf16 exits 2 with one line; fp16 runs. */
+Test(cli, bf16_on_turing_code_exits_2)
+{
+    char why[256];
+    if (access("./stage9", X_OK) != 0) cr_skip_test("./stage9 is not built here (a GPU stage needs nvcc)");
+    if (!gpu_available || gpu_available(why, sizeof why)) cr_skip_test("no CUDA device: %s", gpu_available ? why : "built without CUDA");
+    if (!gpu_dtype_check(DT_BF16, "stage9", why, sizeof why))
+        cr_skip_test("the code running on this GPU is sm_%d's: it takes bf16", gpu_code_arch());
+    struct test_proc p;
+    test_spawn((char *[]){"./stage9", "--dtype", "bf16", "--seqlen", "64", NULL}, &p);
+    test_assert_one_line_failure(&p, EXIT_USAGE, "./stage9 --dtype bf16 on Turing's code", "bf16");
+    test_spawn((char *[]){"./stage9", "--seqlen", "64", "--batch", "1", "--heads", "2", NULL}, &p);
+    cr_assert(p.code == EXIT_PASS, "./stage9 (fp16) on Turing's code: exit %d; stderr:\n%s", p.code, p.err);
+}

@@ -14,18 +14,29 @@
 
 /* What each stage's loop structure does per O row: with Q tiles of Br rows and K/V tiles of Bc
  * keys, a row sees every K/V tile, or (causal) those up to the one holding its Q tile's last row;
- * it is normalized on each of them or once at the end. */
+ * it is normalized on each of them or once at the end. Br and Bc are the tiles the stage takes on
+ * this device (its `tiles`: at d = 64 Br = 32, Bc = 64 in stages 4-6 and 128, 64 in 7 and 8 on
+ * every GPU; at d = 128 smaller where shared memory is short). */
 static const struct {
     const char *name;
-    int Br, Bc;
     int normalize_every_tile;
 } test_counted[] = {
-    {"stage4", 32, 64, 1},
-    {"stage5", 32, 64, 0},
-    {"stage6", 32, 64, 0},
-    {"stage7", 128, 64, 0},
-    {"stage8", 128, 64, 0}, /* stage 7's loops, one Q tile per block: the same counts */
+    {"stage4", 1},
+    {"stage5", 0},
+    {"stage6", 0},
+    {"stage7", 0},
+    {"stage8", 0}, /* stage 7's loops, one Q tile per block: the same counts */
 };
+
+/* The tiles st takes for sh on this device. */
+static struct tile_config test_tiles_of(const struct stage *st, const struct shape *sh)
+{
+    struct attn_args a = {.sh = *sh, .dtype = DT_F16};
+    struct tile_config c;
+    cr_assert(st->tiles != NULL, "%s names no tiles", st->name);
+    cr_assert(st->tiles(&a, 0, gpu_smem_limit(), &c) == 0, "%s d=%d: %s", st->name, sh->d, c.text);
+    return c;
+}
 
 /* The K/V tiles all rows of one head see, summed over the rows. */
 static unsigned long long test_tiles_seen(const struct shape *sh, int Br, int Bc)
@@ -70,7 +81,8 @@ Test(counters, per_stage)
                     struct shape sh = test_shape(2, 3, Ns[k], d, causal);
                     unsigned long long counts[N_COUNTERS];
                     test_counted_run(st, &sh, counts);
-                    const unsigned long long heads = 2 * 3, tiles = heads * test_tiles_seen(&sh, test_counted[s].Br, test_counted[s].Bc);
+                    const struct tile_config tc = test_tiles_of(st, &sh);
+                    const unsigned long long heads = 2 * 3, tiles = heads * test_tiles_seen(&sh, tc.Br, tc.Bc);
                     const unsigned long long norms = test_counted[s].normalize_every_tile ? tiles : heads * sh.N;
                     cr_expect(counts[CNT_ROW_CORRECT] == tiles,
                               "%s N=%d d=%d causal=%d: %llu row corrections counted, want %llu (one per row per K/V tile)",

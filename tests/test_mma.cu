@@ -22,8 +22,12 @@
  * inputs is that same number, so the mma results must equal it exactly: any difference is a
  * fragment-layout bug, not rounding.
  *
- * Each test skips with a one-line reason where there is no CUDA device; CUDA is touched only
- * inside the test bodies (Criterion runs each in a child process).
+ * Built for Turing (sm_75, or a compute_75 PTX build on any GPU) the same tests check Turing's
+ * side of mma.cuh: the f16 m16n8k16 as two m16n8k8, cp.async as plain loads and stores.
+ *
+ * Each test skips with a one-line reason where there is no CUDA device, and the bf16 ones where
+ * the code running is Turing's; CUDA is touched only inside the test bodies (Criterion runs each
+ * in a child process).
  */
 /* common_test.h declares C functions without extern "C", so it is included inside a block of
  * it; the C++ headers it pulls in (Criterion's) are included first, outside, so that the second
@@ -42,6 +46,15 @@ extern "C" {
 
 #include <math.h>
 #include <string.h>
+
+/* bf16 mma needs sm_80 code: where the code running is Turing's (a T4, or a compute_75 build on
+ * a newer GPU) its helper traps, and the runner refuses bf16 (gpu_dtype_check). */
+static void test_require_bf16(void)
+{
+    char why[256];
+    test_require_gpu();
+    if (gpu_dtype_check(DT_BF16, "the bf16 mma tests", why, sizeof why)) cr_skip_test("%s", why);
+}
 
 /* ---- mma.sync m16n8k16 with ldmatrix-loaded fragments ---- */
 
@@ -189,7 +202,7 @@ Test(mma, f16_b_nmajor_x2)
 
 Test(mma, bf16_b_nmajor_x2)
 {
-    test_require_gpu();
+    test_require_bf16();
     test_mma_run<true, TEST_B_NMAJOR_X2>("mma bf16, B n-major via ldmatrix_x2", 12);
 }
 
@@ -201,7 +214,7 @@ Test(mma, f16_b_kmajor_x2_trans)
 
 Test(mma, bf16_b_kmajor_x2_trans)
 {
-    test_require_gpu();
+    test_require_bf16();
     test_mma_run<true, TEST_B_KMAJOR_X2T>("mma bf16, B k-major via ldmatrix_x2_trans", 14);
 }
 
@@ -213,7 +226,7 @@ Test(mma, f16_b_kmajor_x4_trans)
 
 Test(mma, bf16_b_kmajor_x4_trans)
 {
-    test_require_gpu();
+    test_require_bf16();
     test_mma_run<true, TEST_B_KMAJOR_X4T>("mma bf16, B k-major 16x16 via ldmatrix_x4_trans", 16);
 }
 

@@ -47,6 +47,23 @@ void dbuf_free(struct dbuf *b)
     b->bytes = 0;
 }
 
+/* ---- what the device is, and what of this build runs on it ---- */
+
+/* An empty kernel, compiled like every stage (the Makefile's CUDA_ARCH): its attributes say which
+ * of the build's code the device runs. */
+static __global__ void probe_kernel() {}
+
+/* The probe's attributes on the current device: ptxVersion is the virtual architecture its code
+ * was compiled for, binaryVersion the machine code the device runs (its own cubin, an older
+ * compatible one, or one JIT-compiled from PTX). Returns the CUDA error when the build holds no
+ * code this device can run. */
+static cudaError_t probe_attributes(cudaFuncAttributes *fa)
+{
+    cudaError_t err = cudaFuncGetAttributes(fa, probe_kernel);
+    if (err != cudaSuccess) cudaGetLastError(); /* not sticky: clear it */
+    return err;
+}
+
 extern "C" int gpu_available(char *why, size_t n)
 {
     int count = 0;
@@ -57,11 +74,105 @@ extern "C" int gpu_available(char *why, size_t n)
     }
     cudaDeviceProp p;
     CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
-    if (p.major < 8) {
-        snprintf(why, n, "%s is sm_%d%d; the GPU stages need sm_80 or newer (mma.sync, cp.async)", p.name, p.major,
+    if (10 * p.major + p.minor < 75) {
+        snprintf(why, n, "%s is sm_%d%d; the GPU stages need sm_75 or newer (ldmatrix, mma.sync)", p.name, p.major,
                  p.minor);
         return 1;
     }
+    cudaFuncAttributes fa;
+    if ((err = probe_attributes(&fa)) != cudaSuccess) {
+        snprintf(why, n, "this build has no GPU code %s (sm_%d%d) can run (%s): build with make CUDA_ARCH=\"%d%d\"",
+                 p.name, p.major, p.minor, cudaGetErrorString(err), p.major, p.minor);
+        return 1;
+    }
+    return 0;
+}
+
+extern "C" int gpu_code_arch(void)
+{
+    static int arch = 0; /* one device per process: asked once */
+    if (!arch) {
+        cudaFuncAttributes fa;
+        CUDA_CHECK(probe_attributes(&fa));
+        arch = fa.ptxVersion;
+    }
+    return arch;
+}
+
+/* "sm_90", or what runs there when it is not the device's own code: "sm_89, running sm_80 code",
+ * "sm_90, running compute_75 PTX" (JIT-compiled by the driver). */
+static void arch_text(char *buf, size_t n)
+{
+    int dev = 0;
+    cudaDeviceProp p;
+    cudaFuncAttributes fa;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
+    CUDA_CHECK(probe_attributes(&fa));
+    const int sm = 10 * p.major + p.minor;
+    if (fa.ptxVersion == sm) snprintf(buf, n, "sm_%d", sm);
+    else if (fa.binaryVersion == sm) snprintf(buf, n, "sm_%d, running compute_%d PTX", sm, fa.ptxVersion);
+    else snprintf(buf, n, "sm_%d, running sm_%d code", sm, fa.binaryVersion);
+}
+
+extern "C" int gpu_dtype_check(enum dtype dt, const char *who, char *why, size_t n)
+{
+    const int code = gpu_code_arch();
+    if (dt != DT_BF16 || code >= 80) return 0;
+    int dev = 0;
+    cudaDeviceProp p;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
+    if (10 * p.major + p.minor < 80)
+        snprintf(why, n, "%s: bf16 needs a GPU of compute capability 8.0 or newer (bf16 tensor cores); this is %s, sm_%d%d: "
+                 "use --dtype fp16", who, p.name, p.major, p.minor);
+    else
+        snprintf(why, n, "%s: bf16 needs code built for sm_80 or newer; this build runs compute_%d code on %s: use "
+                 "--dtype fp16, or build with CUDA_ARCH 80 or 90", who, code, p.name);
+    return 1;
+}
+
+extern "C" size_t gpu_smem_limit(void)
+{
+    static size_t limit = 0; /* one device per process, one environment: worked out once */
+    if (!limit) {
+        int dev = 0, optin = 0;
+        char why[160];
+        size_t cap;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+        if (smem_cap_bytes(&cap, why, sizeof why)) { /* the stage binaries refuse it earlier (parse_opts) */
+            fprintf(stderr, "%s\n", why);
+            exit(EXIT_USAGE);
+        }
+        limit = cap && cap < (size_t)optin ? cap : (size_t)optin;
+    }
+    return limit;
+}
+
+/* The summary's words for the tiles `st` takes for this problem: "Br=128 Bc=64 Bs=32, 96.0 of
+ * 227 KiB shared memory" (and "(ATTN_SMEM_CAP_KB=99)" where the cap sets the limit). Returns 0,
+ * or EXIT_USAGE with one line in `why` when no configuration of the stage fits. */
+static int tiles_text(const struct stage *st, const struct shape *sh, enum dtype dt, int deterministic, char *buf,
+                      size_t buf_n, char *why, size_t n)
+{
+    buf[0] = 0;
+    if (!st->tiles) return 0;
+    struct attn_args a;
+    memset(&a, 0, sizeof a);
+    a.sh = *sh, a.dtype = dt, a.deterministic = deterministic;
+    struct tile_config c;
+    const size_t limit = gpu_smem_limit();
+    if (st->tiles(&a, st->measures_backward, limit, &c)) {
+        snprintf(why, n, "%s: %s", st->name, c.text);
+        return EXIT_USAGE;
+    }
+    size_t cap;
+    char cap_words[64] = "";
+    if (!smem_cap_bytes(&cap, why, n) && cap && cap == limit)
+        snprintf(cap_words, sizeof cap_words, " (ATTN_SMEM_CAP_KB=%zu)", cap / 1024);
+    snprintf(buf, buf_n, "%s, %.1f of %zu KiB shared memory%s", c.text, c.smem_bytes / 1024.0, limit / 1024,
+             cap_words);
     return 0;
 }
 
@@ -168,6 +279,7 @@ extern "C" int gpu_forward_host(const struct stage *st, const struct shape *sh, 
                                 char *why, size_t n)
 {
     if (gpu_available(why, n) || gpu_arch_check(st->arch_sm, st->name, why, n)) return EXIT_NO_DEVICE;
+    if (gpu_dtype_check(dt, st->name, why, n)) return EXIT_USAGE;
     struct gpu_problem g;
     problem_init(&g, st, sh, dt, Q, K, V);
     int rc = counts ? counted_run(st, &g, O, L, counts, why, n) : checked_run(st, &g, O, L, why, n);
@@ -237,6 +349,11 @@ extern "C" int gpu_run_stage(const struct stage *st, const struct opts *o, const
     struct gpu_info info = gpu_query();
     snprintf(r->gpu, sizeof r->gpu, "%s", info.slug);
     snprintf(r->device_name, sizeof r->device_name, "%s", info.name);
+    arch_text(r->arch, sizeof r->arch);
+    if (int rc = tiles_text(st, &o->sh, o->dtype, 0, r->tiles, sizeof r->tiles, why, sizeof why)) {
+        fprintf(stderr, "%s\n", why); /* no configuration fits: refused before anything is allocated */
+        return rc;
+    }
     struct gpu_problem g;
     problem_init(&g, st, &o->sh, o->dtype, Q, K, V);
     r->extra_bytes = g.work.bytes;
@@ -316,6 +433,7 @@ extern "C" int gpu_backward_host(const struct stage *st, const struct shape *sh,
                                  float *dK, float *dV, char *why, size_t n)
 {
     if (gpu_available(why, n) || gpu_arch_check(st->arch_sm, st->name, why, n)) return EXIT_NO_DEVICE;
+    if (gpu_dtype_check(dt, st->name, why, n)) return EXIT_USAGE;
     struct gpu_bwd_problem g;
     bwd_init(&g, st, sh, dt, deterministic, Q, K, V, dO);
     int rc = bwd_checked_run(st, &g, dQ, dK, dV, NULL, NULL, why, n);
@@ -331,6 +449,11 @@ extern "C" int gpu_run_backward(const struct stage *st, const struct opts *o, co
     struct gpu_info info = gpu_query();
     snprintf(r->gpu, sizeof r->gpu, "%s", info.slug);
     snprintf(r->device_name, sizeof r->device_name, "%s", info.name);
+    arch_text(r->arch, sizeof r->arch);
+    if (int rc = tiles_text(st, &o->sh, o->dtype, o->deterministic, r->tiles, sizeof r->tiles, why, sizeof why)) {
+        fprintf(stderr, "%s\n", why);
+        return rc;
+    }
     struct gpu_bwd_problem g;
     bwd_init(&g, st, &o->sh, o->dtype, o->deterministic, Q, K, V, dO);
     r->extra_bytes = g.f.work.bytes;

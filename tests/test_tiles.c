@@ -1,0 +1,138 @@
+/* test_tiles.c: the tiles each GPU stage takes for the shared memory a device allows a block (its
+ * descriptor's `tiles`, which calls the very code its launcher chooses with), on the CPU: these
+ * need no GPU, only the GPU stages built (nvcc).
+ *
+ * tiles::h200_unchanged       at 227 KiB (H100, H200, B200) every stage takes the tiles it took
+ *                             when it had one configuration per head dim: the H200 runs what it ran.
+ * tiles::fit_every_device     at 163 KiB (A100), 99 KiB (RTX 30, 40, 50 cards) and 64 KiB (T4)
+ *                             every forward has tiles for every head dim it takes, within the
+ *                             limit; so does the backward but at d = 256 below 136.5 KiB, which it
+ *                             refuses with one line saying what it needs.
+ * tiles::smaller_as_designed  stage 9 at d = 256: 99 KiB takes K/V tiles of 32 keys, 64 KiB of 16;
+ *                             under its smallest tiles (16 KiB) a reason naming what those need.
+ */
+#include "common_test.h"
+#include <string.h>
+
+#define KIB 1024
+
+/* The GPU stages that name their tiles; skips the test when this build has none (no nvcc). */
+static int test_tiled_stages(const struct stage **out, int max)
+{
+    int n = 0;
+    for (int s = 0; s < n_all_stages && n < max; s++)
+        if (all_stages[s]->device == ON_GPU && all_stages[s]->tiles) out[n++] = all_stages[s];
+    if (!n) cr_skip_test("no GPU stage in this build (it needs nvcc)");
+    return n;
+}
+
+/* st's tiles for d (fp16; deterministic for a backward) where a block may have `limit` bytes. */
+static int test_tiles_det(const struct stage *st, int d, int backward, int deterministic, size_t limit,
+                          struct tile_config *c)
+{
+    struct attn_args a = {.sh = test_shape(1, 1, 128, d, 0), .dtype = DT_F16, .deterministic = deterministic};
+    memset(c, 0, sizeof *c);
+    return st->tiles(&a, backward, limit, c);
+}
+
+/* The forward, or the backward without --deterministic. */
+static int test_tiles(const struct stage *st, int d, int backward, size_t limit, struct tile_config *c)
+{
+    struct attn_args a = {.sh = test_shape(1, 1, 128, d, 0), .dtype = DT_F16, .deterministic = 0};
+    memset(c, 0, sizeof *c);
+    return st->tiles(&a, backward, limit, c);
+}
+
+Test(tiles, h200_unchanged)
+{
+    static const struct {
+        const char *name;
+        int backward, d, Br, Bc;
+    } want[] = {
+        {"stage4", 0, 64, 32, 64},    {"stage4", 0, 128, 32, 64},   {"stage5", 0, 64, 32, 64},
+        {"stage5", 0, 128, 32, 64},   {"stage6", 0, 64, 32, 64},    {"stage6", 0, 128, 32, 64},
+        {"stage7", 0, 64, 128, 64},   {"stage7", 0, 128, 128, 64},  {"stage8", 0, 64, 128, 64},
+        {"stage8", 0, 128, 128, 64},  {"stage9", 0, 32, 128, 128},  {"stage9", 0, 64, 128, 128},
+        {"stage9", 0, 128, 128, 64},  {"stage9", 0, 256, 64, 64},   {"stage10", 1, 32, 128, 128},
+        {"stage10", 1, 64, 128, 128}, {"stage10", 1, 128, 64, 128}, {"stage10", 1, 256, 64, 64},
+    };
+    const struct stage *st[16];
+    test_tiled_stages(st, 16);
+    for (size_t k = 0; k < TEST_COUNT(want); k++) {
+        const struct stage *s = test_find_stage(want[k].name);
+        struct tile_config c;
+        cr_assert(test_tiles(s, want[k].d, want[k].backward, 227 * KIB, &c) == 0, "%s d=%d at 227 KiB: %s",
+                  s->name, want[k].d, c.text);
+        cr_expect(c.Br == want[k].Br && c.Bc == want[k].Bc, "%s%s d=%d at 227 KiB takes Br=%d Bc=%d (%s), want Br=%d Bc=%d",
+                  s->name, want[k].backward ? " backward" : "", want[k].d, c.Br, c.Bc, c.text, want[k].Br, want[k].Bc);
+    }
+}
+
+Test(tiles, fit_every_device)
+{
+    static const int limits_kib[] = {163, 99, 64};
+    const struct stage *st[16];
+    const int n = test_tiled_stages(st, 16);
+    for (int s = 0; s < n; s++)
+        for (int backward = 0; backward <= (st[s]->measures_backward ? 1 : 0); backward++)
+            for (int k = 0; k < 8 && st[s]->dims[k]; k++)
+                for (size_t j = 0; j < TEST_COUNT(limits_kib); j++) {
+                    const int d = st[s]->dims[k];
+                    const size_t limit = (size_t)limits_kib[j] * KIB;
+                    struct tile_config c;
+                    const int rc = test_tiles(st[s], d, backward, limit, &c);
+                    if (backward && d == 256 && limit < 136 * KIB + 512) { /* the backward's one gap, by design */
+                        cr_expect(rc == ATTN_UNSUPPORTED && strstr(c.text, "d=256 needs at least 136.5 KiB") &&
+                                      !strchr(c.text, '\n'),
+                                  "%s backward d=256 at %d KiB: want a one-line refusal naming 136.5 KiB, got rc %d: %s",
+                                  st[s]->name, limits_kib[j], rc, c.text);
+                        continue;
+                    }
+                    cr_expect(rc == 0, "%s%s d=%d at %d KiB: no tiles: %s", st[s]->name, backward ? " backward" : "",
+                              d, limits_kib[j], c.text);
+                    cr_expect(rc != 0 || (c.smem_bytes <= limit && c.Br > 0 && c.Bc > 0 && c.text[0]),
+                              "%s%s d=%d at %d KiB: tiles '%s' of %zu bytes", st[s]->name, backward ? " backward" : "",
+                              d, limits_kib[j], c.text, c.smem_bytes);
+                }
+}
+
+Test(tiles, smaller_as_designed)
+{
+    const struct stage *st[16];
+    test_tiled_stages(st, 16);
+    const struct stage *s9 = test_find_stage("stage9");
+    struct tile_config c;
+    cr_assert(test_tiles(s9, 256, 0, 99 * KIB, &c) == 0 && c.Bc == 32 && c.smem_bytes <= 99 * KIB,
+              "stage9 d=256 at 99 KiB: want K/V tiles of 32 keys, got '%s' (%zu bytes)", c.text, c.smem_bytes);
+    cr_assert(test_tiles(s9, 256, 0, 64 * KIB, &c) == 0 && c.Bc == 16 && c.smem_bytes <= 64 * KIB,
+              "stage9 d=256 at 64 KiB: want K/V tiles of 16 keys, got '%s' (%zu bytes)", c.text, c.smem_bytes);
+    const int rc = test_tiles(s9, 256, 0, 16 * KIB, &c);
+    cr_assert(rc == ATTN_UNSUPPORTED && strstr(c.text, "d=256 needs at least 64.0 KiB of shared memory per block"),
+              "stage9 d=256 at 16 KiB: want the refusal naming its smallest tiles' 64 KiB, got rc %d: %s", rc, c.text);
+}
+
+/* --deterministic's dQ kernel (stage 10) has one configuration per head dim: 49 KiB at d = 32,
+ * 97 KiB at d = 64 and 128, 193 KiB at d = 256. It fits a 99 KiB device up to d = 128; at 64 KiB
+ * only d = 32, and elsewhere the refusal is one line that says the atomic path fits. */
+Test(tiles, deterministic_backward)
+{
+    const struct stage *s10 = test_find_stage("stage10");
+    if (!s10) cr_skip_test("stage 10 is not built here");
+    static const struct { int d, kib, fits; } want[] = {
+        {32, 64, 1}, {64, 64, 0}, {128, 64, 0}, {64, 99, 1}, {128, 99, 1}, {256, 163, 0}, {256, 227, 1},
+    };
+    for (size_t k = 0; k < TEST_COUNT(want); k++) {
+        struct tile_config c;
+        const int rc = test_tiles_det(s10, want[k].d, 1, 1, (size_t)want[k].kib * KIB, &c);
+        if (want[k].fits)
+            cr_expect(rc == 0, "stage10 --deterministic d=%d at %d KiB: no tiles: %s", want[k].d, want[k].kib, c.text);
+        else if (want[k].d == 256)
+            cr_expect(rc == ATTN_UNSUPPORTED && !strchr(c.text, '\n'), "stage10 --deterministic d=256 at %d KiB: rc %d: %s",
+                      want[k].kib, rc, c.text);
+        else
+            cr_expect(rc == ATTN_UNSUPPORTED && strstr(c.text, "without --deterministic the backward fits") &&
+                          !strchr(c.text, '\n'),
+                      "stage10 --deterministic d=%d at %d KiB: want a one-line refusal, got rc %d: %s", want[k].d,
+                      want[k].kib, rc, c.text);
+    }
+}
