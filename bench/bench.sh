@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench.sh: every GPU stage over the FlashAttention-2 paper's grid, plus PyTorch's
 # scaled_dot_product_attention (flash and cuDNN backends) when python3 with torch is present,
-# in one run, appended to bench/data/<gpu>.csv. Run through `make bench` on a machine with a GPU.
+# in one run, appended to bench/data/<gpu>.csv (a run stopped early, by a time limit or ^C, keeps
+# the rows it finished). Run through `make bench` on a machine with a GPU.
 # A stage that measures a backward (stage 10) prints bwd rows: its own binary says so.
 #
 # The grid: 16k tokens per batch (B = 16384 / N), hidden size 2048 (H = 2048 / d),
@@ -22,8 +23,21 @@ ITERS=${ITERS:-10}
 export FA_COMMIT=${FA_COMMIT:-unknown}
 
 rows=$(mktemp)
-trap 'rm -f "$rows"' EXIT
 header=""
+# Rows so far into bench/data/<gpu>.csv: at the end, or when the run is stopped (a time limit's
+# SIGTERM, ^C), so a long run that is cut short still keeps every row it finished (each complete
+# and checked); the message says how many.
+keep_rows() {
+  [ -n "$header" ] && [ -s "$rows" ] || return 0
+  local gpu
+  gpu=$( { echo "$header"; head -n1 "$rows"; } | csv_awk '{ print get("gpu") }')
+  csv_append "bench/data/$gpu.csv" "$header" < "$rows" &&
+    echo "bench: $(wc -l < "$rows") rows appended to bench/data/$gpu.csv" >&2
+  : > "$rows"
+}
+trap 'rm -f "$rows"' EXIT
+torch_pid=
+trap 'echo "bench: stopped before the end" >&2; [ -n "$torch_pid" ] && kill "$torch_pid" 2>/dev/null && wait "$torch_pid"; keep_rows; exit 130' INT TERM
 total=0
 for s in $STAGES; do for d in $DIMS; do for n in $SEQLENS; do for c in 0 1; do total=$((total + 1)); done; done; done; done
 k=0
@@ -64,14 +78,15 @@ if [ -z "$header" ]; then
   exit 1
 fi
 if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
-  python3 bench/torch_sdpa.py --columns "$header" --seqlens $SEQLENS --dims $DIMS --warmup "$WARMUP" --iters "$ITERS" >> "$rows" || failed=1
+  # in the background, so that a stop reaches the trap at once (it stops torch and keeps its rows)
+  python3 -u bench/torch_sdpa.py --columns "$header" --seqlens $SEQLENS --dims $DIMS --warmup "$WARMUP" --iters "$ITERS" >> "$rows" &
+  torch_pid=$!
+  wait "$torch_pid" || failed=1
+  torch_pid=
 else
   echo "bench: python3 with CUDA-enabled torch not found: no torch-flash / torch-cudnn rows this run" >&2
 fi
 
 [ -s "$rows" ] || { echo "bench: no results" >&2; exit 1; }
-gpu=$( { echo "$header"; head -n1 "$rows"; } | csv_awk '{ print get("gpu") }')
-out="bench/data/$gpu.csv"
-csv_append "$out" "$header" < "$rows"
-echo "bench: $(wc -l < "$rows") rows appended to $out" >&2
+keep_rows
 exit $failed
