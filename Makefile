@@ -171,7 +171,7 @@ $(BUILD)/registry.o: $(BUILD)/registry.c
 	$(Q)$(CC) $(ALL_CFLAGS) -c $< -o $@
 
 # Criterion first: installed by tests/deps.sh where this machine allows, else the line to run.
-$(TEST_OBJS): | deps-test
+$(TEST_OBJS) $(TEST_CUDA_OBJS): | deps-test
 deps-test:
 	@tests/deps.sh test
 tests/attn_tests: $(TEST_OBJS) $(STAGE_OBJS) $(COMMON_OBJS) $(if $(HAVE_NVCC),$(CUDA_OBJS) $(TEST_CUDA_OBJS)) $(FLAVOR_STAMP)
