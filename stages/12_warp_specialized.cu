@@ -2,15 +2,17 @@
  *   and the copy engine (TMA), its math on consumer warpgroups: FlashAttention-3's structure
  *
  * Changed from stage 11: the math stays (two warpgroups of 64 rows each, S_ij = Q_i K_j^T and
- *   O_i += P_ij V_j on wgmma, the online softmax between them, P_ij in registers; the grid heaviest
- *   first, causal tiles skipped); who loads, and how, is new (helpers in common/cuda/tma.cuh):
+ *   O_i += P_ij V_j on wgmma, the online softmax between them, P_ij in registers, P_ij V_j left
+ *   running into the next S = Q K^T, Bc per head dim; the grid heaviest first, causal tiles
+ *   skipped); who loads, and how, is new (helpers in common/cuda/tma.cuh):
  *   - a third warpgroup, the producer: one of its threads issues every copy as a TMA bulk tensor
  *     copy, Q_i once, then K_j and V_j for j = 0, 1, ... into a ring of STAGES shared-memory stages;
  *     the copy engine writes the 128-byte swizzle wgmma reads, and zero-fills rows past N;
  *   - each ring stage has two mbarriers: full (the producer announces the bytes, the copy engine
  *     completes the phase when they have landed) and empty (every consumer warp arrives once its
- *     wgmma have read the stage). Consumers wait on full, the producer on empty: the loop has no
- *     block barrier, and the two consumer warpgroups no longer move in lockstep;
+ *     wgmma have read the stage: tile j's at the wait for S_{i,j+1}, since P_ij V_j runs until
+ *     then). Consumers wait on full, the producer on empty: the loop has no block barrier, and the
+ *     two consumer warpgroups no longer move in lockstep;
  *   - setmaxnreg: the producer warpgroup drops to 24 registers per thread, the consumers rise to
  *     240, so that the 384 threads fit the 65536 registers with the consumers' accumulators;
  *   - the tensor maps are [B*H][N][d]: a tile's rows past N are out of bounds and arrive as zeros
@@ -21,7 +23,8 @@
  *   the consumers nothing but a wait that is normally already satisfied, and one warpgroup's
  *   softmax can run while the other's wgmma keep the tensor cores busy.
  * Hopper only: compiled for sm_90a (the Makefile's HOPPER_STAGES); elsewhere it exits 3.
- * Measured on H200: notes/12_warp_specialized.md (the prediction; the measurement is not yet made).
+ * Measured on H200: notes/12_warp_specialized.md (of the version before P_ij V_j was left running;
+ *   this one's prediction is there).
  * Run: ./stage12 --batch 1 --heads 1 --seqlen 16384 --dim 128 --causal
  */
 #include "common/attn.h"
@@ -47,7 +50,9 @@ namespace {
  * 64 per warpgroup (the M of one wgmma), both reading the same K_j, V_j. Per thread a consumer
  * warpgroup's accumulators hold Bc / 2 fp32 of S_ij and HeadDim / 2 of O_i, and P_ij takes Bc / 4
  * registers (16-bit pairs) that the tensor cores read until the wait: all three live at once.
- * Bc is stage 11's: 128 where registers allow, 64 at d = 256 (O_i alone is 128 registers).
+ * Bc is stage 11's: 64 at d = 64 (Bc = 128 was 4-25% slower there: the exponentials, as heavy as
+ * the matmuls, wait on a wgmma of S twice as long), 128 at d = 128, 64 at d = 256 (O_i alone is
+ * 128 registers).
  *
  * Then a third warpgroup, the producer (warpgroup 2, after the consumers, so that the consumers'
  * thread, warp and warpgroup numbers are stage 11's). One of its threads issues every copy; the
@@ -58,29 +63,49 @@ namespace {
  *   together 64512 = 168 x 384: the consumers take exactly what the producer gave back. Without
  *   setmaxnreg every thread would keep 168, under the ~200 stage 11's consumers use (-Xptxas -v).
  *
- * K_j and V_j stream through a ring of STAGES stages, each a K_j and a V_j buffer: while the
- * consumers compute on one stage, the copy engine fills the others. As many stages as fit in the
- * 227 KiB a block may have beside Q_i: Q_i + STAGES (K_j + V_j) = 2 (Br + 2 STAGES Bc) HeadDim bytes,
- * 144 KiB at d = 64 (4 stages), 224 KiB at d = 128 (3), 192 KiB at d = 256 (2); the mbarriers add
- * 16 bytes per stage and 8 for Q_i. */
+ * K_j and V_j stream through a ring of STAGES stages, each a K_j and a V_j buffer. TURNED, as in
+ * stage 11: O_i += P_ij V_j is left running while the consumer waits for tile j+1 and issues
+ * S = Q K_{j+1}^T, so a consumer holds two stages (V_j still being read, and tile j+1) and frees
+ * tile j's only at the wait for S_{i,j+1}; the copy engine fills the other STAGES - 2. One block
+ * per SM (the registers), so shared memory beside Q_i is spent on the ring:
+ *   d = 64:  Bc = 64, 8 stages: 16 + 8 x 16 = 144 KiB, the bytes (and keys ahead) of the earlier
+ *            ring of 4 stages of 128 keys; a tile here is short (~0.7 us at stage 11's speed), and
+ *            the copies' latency is hidden only several tiles ahead.
+ *   d = 128: Bc = 128, 3 stages: 32 + 3 x 64 = 224 KiB, as many as fit.
+ *   d = 256: Bc = 64, 2 stages: 64 + 2 x 64 = 192 KiB (three do not fit); not turned, so that
+ *            tile j's stage is freed as soon as P_ij V_j is done and tile j+2 has the whole of tile
+ *            j+1's work to land in (turned, only its softmax).
+ * The mbarriers add 16 bytes per stage and 8 for Q_i.
+ * Choices to time on a GPU, nvcc -D: STAGE12_D64_BC=128 (4 stages), STAGE12_D64_STAGES=n, STAGE12_D256_TURNED=1 */
+#ifndef STAGE12_D64_BC
+#define STAGE12_D64_BC 64
+#endif
+#ifndef STAGE12_D64_STAGES
+#define STAGE12_D64_STAGES (STAGE12_D64_BC == 64 ? 8 : 4)
+#endif
+#ifndef STAGE12_D256_TURNED
+#define STAGE12_D256_TURNED 0
+#endif
 constexpr int NWARPGROUPS = 2;  /* consumer warpgroups */
 constexpr int NWARPS = 4 * NWARPGROUPS;  /* consumer warps */
 constexpr int WARPGROUP = 4 * WARP_SIZE; /* threads that issue one wgmma together */
 constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240; /* setmaxnreg, per thread (above) */
+constexpr size_t SMEM_MAX = 227 * 1024; /* the shared memory a block may have on an H100 or H200 */
 template <int HeadDim>
 struct cfg;
 template <>
-struct cfg<64> { static constexpr int Bc = 128, STAGES = 4; };  /* O 32 + S 64 + P 32 */
+struct cfg<64> { static constexpr int Bc = STAGE12_D64_BC, STAGES = STAGE12_D64_STAGES, TURNED = 1; }; /* O 32 + S 32 + P 16 */
 template <>
-struct cfg<128> { static constexpr int Bc = 128, STAGES = 3; };  /* O 64 + S 64 + P 32 */
+struct cfg<128> { static constexpr int Bc = 128, STAGES = 3, TURNED = 1; };  /* O 64 + S 64 + P 32 */
 template <>
-struct cfg<256> { static constexpr int Bc = 64, STAGES = 2; };  /* O 128 + S 32 + P 16 */
+struct cfg<256> { static constexpr int Bc = 64, STAGES = 2, TURNED = STAGE12_D256_TURNED; }; /* O 128 + S 32 + P 16 */
 
 /* Everything derived from the configuration: tile sizes and the shared-memory layout. */
 template <int HeadDim>
 struct tiles {
     typedef cfg<HeadDim> C;
     static constexpr int Bc = C::Bc, STAGES = C::STAGES;
+    static constexpr bool TURNED = C::TURNED != 0;
     /* the wgmma accumulators give each warp 16 rows of its warpgroup's 64: one m16 row tile */
     static constexpr int M_TILES = 1;
     static constexpr int NTHREADS = NWARPS * WARP_SIZE + WARPGROUP; /* the consumers, then the producer */
@@ -103,6 +128,7 @@ struct tiles {
                   "every tile on a 1024-byte atom");
     static_assert(Br <= 256 && Bc <= 256, "a TMA box has at most 256 rows");
     static_assert(STAGES >= 2, "a ring: the copy engine fills one stage while the consumers read another");
+    static_assert(bytes <= SMEM_MAX, "Q_i and the ring fit the shared memory of one block");
     static_assert(PRODUCER_REGS * WARPGROUP + CONSUMER_REGS * NWARPS * WARP_SIZE <= 65536 / NTHREADS / 8 * 8 * NTHREADS,
                   "the consumers take no more registers than the producer gives back");
 };
@@ -119,6 +145,7 @@ stage12_warp_specialized_kernel(const __grid_constant__ CUtensorMap tmap_Q, cons
     typedef tiles<HeadDim> Tiles;
     typedef mma16<T> M;
     constexpr int M_TILES = Tiles::M_TILES, Br = Tiles::Br, Bc = Tiles::Bc, STAGES = Tiles::STAGES;
+    constexpr bool TURNED = Tiles::TURNED;
     constexpr int KT = Bc / 8;      /* key tiles: n8 tiles of S_ij */
     constexpr int DT = HeadDim / 8; /* dim tiles: n8 column tiles of O_i */
     extern __shared__ __align__(SW128_ATOM_BYTES) unsigned char smem[];
@@ -197,23 +224,33 @@ stage12_warp_specialized_kernel(const __grid_constant__ CUtensorMap tmap_Q, cons
 
     /* This lane's rows are row0 + 16 mt + 8 h + g (mt < M_TILES, h = 0, 1). m_i is the running
      * max of the raw scores (not yet scaled); l_i is this lane's part of the row sum (its 2 of
-     * every 8 columns), added across the quad only at the end. */
+     * every 8 columns), added across the quad only at the end. P_ij is the A operand of
+     * O_i += P_ij V_j, packed to 16 bits. */
     float O_acc[M_TILES][DT][4] = {};
     float m_i[M_TILES][2], l_i[M_TILES][2];
 #pragma unroll
     for (int mt = 0; mt < M_TILES; mt++) m_i[mt][0] = m_i[mt][1] = -INFINITY, l_i[mt][0] = l_i[mt][1] = 0.f;
+    uint32_t P_ij[Bc / 16][4];
 
-    mbar_wait(Q_full, 0); /* Q_i has landed (the barrier's one phase). The copy engine wrote it
-                           * through the async proxy, the proxy wgmma reads through: no fence */
-    for (int j = 0; j < n_tiles; j++) {
-        const int s = j % STAGES;
-        mbar_wait(&full[s], (j / STAGES) & 1); /* K_j, V_j have landed in stage s */
-        const uint64_t K_j = wgmma_desc_step(K_desc, s * TILE_BYTES), V_j = wgmma_desc_step(V_desc, s * TILE_BYTES);
+    /* Tile j's K_j, V_j have landed in ring stage j mod STAGES: the (j / STAGES)-th phase of its
+     * full barrier. The copy engine wrote them through the async proxy, the proxy wgmma reads
+     * through: no fence, and no block barrier. */
+    auto next_tile = [&](int j) { mbar_wait(&full[j % STAGES], (j / STAGES) & 1); };
+    /* This warp is done with tile j's ring stage: it has waited for every wgmma that read K_j and
+     * V_j. One arrival per warp: the last of the NWARPS frees the stage for tile j + STAGES. */
+    auto release = [&](int j) {
+        if (lane == 0) mbar_arrive(&empty[j % STAGES]);
+    };
 
+    /* S_ij = Q_i K_j^T, masked, through the online softmax into P_ij; O_i rescaled. */
+    auto scores = [&](int j) {
+        const uint64_t K_j = wgmma_desc_step(K_desc, (j % STAGES) * TILE_BYTES);
         const int key0 = j * Bc; /* first key of this tile */
         /* S_ij = Q_i K_j^T (raw: the scale is applied inside the exponential), this warpgroup's
          * 64 rows: one m64nBck16 wgmma per k16 step of the head dim, the first one overwriting
-         * S_ij (accumulate = 0), all in one group. S_ij[0] and O_acc[0]: a warp's one row tile. */
+         * S_ij (accumulate = 0), all in one group. S_ij[0] and O_acc[0]: a warp's one row tile.
+         * With the loop turned O_i += P_{i,j-1} V_{j-1} is still running: the tensor cores take
+         * this group right after it, and the wait covers both. */
         float S_ij[M_TILES][KT][4];
         wgmma_fence(); /* S_ij's registers were last written by ordinary instructions (tile j-1) */
 #pragma unroll
@@ -221,8 +258,11 @@ stage12_warp_specialized_kernel(const __grid_constant__ CUtensorMap tmap_Q, cons
             wgmma_ss<T, Bc, 0>(S_ij[0], wgmma_desc_step(Q_desc, sw128_kmajor_step<Br>(k)),
                                wgmma_desc_step(K_j, sw128_kmajor_step<Bc>(k)), k > 0);
         wgmma_commit();
-        wgmma_wait<0>(); /* S_ij in registers */
+        wgmma_wait<0>(); /* S_ij in registers (and O_i += P_{i,j-1} V_{j-1} done) */
         wgmma_hold(S_ij[0]);
+        wgmma_hold(O_acc[0]);
+        wgmma_hold(P_ij);
+        if (TURNED && j > 0) release(j - 1); /* O_i += P_{i,j-1} V_{j-1} has read V_{j-1} */
 
         /* Masks, only on the tiles that need them: the tail tile (keys past N) and, when causal,
          * the tiles that cross the diagonal (some key after some query of this tile). */
@@ -269,10 +309,8 @@ stage12_warp_specialized_kernel(const __grid_constant__ CUtensorMap tmap_Q, cons
                 for (int nt = 0; nt < DT; nt++) O_acc[mt][nt][2 * h] *= alpha, O_acc[mt][nt][2 * h + 1] *= alpha;
                 if (t == 0 && q0 + row0 + mt * 16 + 8 * h + g < N) tally.add(CNT_ROW_CORRECT);
             }
-        /* O_i += P_ij V_j: P_ij packed into 16-bit A fragments (two n8 key tiles' C layout is one
-         * k16 step's A layout, wgmma.cuh), then one m64nDk16 wgmma per k16 step of keys, all in one
-         * group. */
-        uint32_t P_ij[Bc / 16][4];
+        /* P_ij packed into 16-bit A fragments: two n8 key tiles' C layout is one k16 step's A
+         * layout (wgmma.cuh) */
 #pragma unroll
         for (int kb = 0; kb < Bc / 16; kb++) {
             P_ij[kb][0] = M::pack(S_ij[0][2 * kb][0], S_ij[0][2 * kb][1]);
@@ -280,6 +318,21 @@ stage12_warp_specialized_kernel(const __grid_constant__ CUtensorMap tmap_Q, cons
             P_ij[kb][2] = M::pack(S_ij[0][2 * kb + 1][0], S_ij[0][2 * kb + 1][1]);
             P_ij[kb][3] = M::pack(S_ij[0][2 * kb + 1][2], S_ij[0][2 * kb + 1][3]);
         }
+    };
+
+    /* The loop, turned so that O_i += P_ij V_j is issued and left running while the warpgroup
+     * waits for the next tile and issues the next S = Q K^T:
+     *   tile 0:          wait for it, S_i0 -> P_i0
+     *   tile j:          O_i += P_ij V_j (issued) | wait for tile j+1, S_{i,j+1} -> P_{i,j+1}
+     * So a stage is released one tile late: V_j is read until the wait for S_{i,j+1}, after which
+     * scores releases tile j (the last tile, after the loop). Not turned (d = 256, configuration
+     * above), P_ij V_j is waited for at once and tile j released then. */
+    mbar_wait(Q_full, 0); /* Q_i has landed (the barrier's one phase; no fence, as for K_j, V_j) */
+    next_tile(0);
+    scores(0);
+    for (int j = 0; j < n_tiles; j++) {
+        /* O_i += P_ij V_j: one m64nDk16 wgmma per k16 step of keys, all in one group */
+        const uint64_t V_j = wgmma_desc_step(V_desc, (j % STAGES) * TILE_BYTES);
         wgmma_hold(O_acc[0]);
         wgmma_hold(P_ij);
         wgmma_fence(); /* O_acc (rescaled) and P_ij were just written by ordinary instructions */
@@ -287,13 +340,21 @@ stage12_warp_specialized_kernel(const __grid_constant__ CUtensorMap tmap_Q, cons
         for (int kb = 0; kb < Bc / 16; kb++)
             wgmma_rs<T, HeadDim, 1>(O_acc[0], P_ij[kb], wgmma_desc_step(V_j, sw128_mnmajor_step(kb)), 1);
         wgmma_commit();
-        wgmma_wait<0>(); /* O_acc updated, and K_j, V_j and P_ij read: P_ij's registers may be
-                          * reused, and this warp is done with stage s */
-        wgmma_hold(O_acc[0]);
-        wgmma_hold(P_ij);
-        if (lane == 0) mbar_arrive(&empty[s]); /* one arrival per warp: the last of the NWARPS frees
-                                                * the stage for tile j + STAGES */
+        if constexpr (!TURNED) {
+            wgmma_wait<0>(); /* O_i updated; V_j and P_ij read */
+            wgmma_hold(O_acc[0]);
+            wgmma_hold(P_ij);
+            release(j);
+        }
+        if (j + 1 < n_tiles) {
+            next_tile(j + 1);
+            scores(j + 1);
+        }
     }
+    wgmma_wait<0>(); /* the last O_i += P_ij V_j */
+    wgmma_hold(O_acc[0]);
+    if constexpr (TURNED) release(n_tiles - 1); /* (no copy waits for it: released all the same,
+                                                  * so that every tile is released once) */
 
     /* The one normalization, O_i / l_i, and L = scale * m + log(l) in nats. O goes through this
      * warp's own rows of the Q tile in shared memory, then out in 16-byte stores along each row. */
