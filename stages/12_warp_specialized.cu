@@ -68,20 +68,26 @@ namespace {
  * S = Q K_{j+1}^T, so a consumer holds two stages (V_j still being read, and tile j+1) and frees
  * tile j's only at the wait for S_{i,j+1}; the copy engine fills the other STAGES - 2. One block
  * per SM (the registers), so shared memory beside Q_i is spent on the ring:
- *   d = 64:  Bc = 64, 8 stages: 16 + 8 x 16 = 144 KiB, the bytes (and keys ahead) of the earlier
- *            ring of 4 stages of 128 keys; a tile here is short (~0.7 us at stage 11's speed), and
- *            the copies' latency is hidden only several tiles ahead.
- *   d = 128: Bc = 128, 3 stages: 32 + 3 x 64 = 224 KiB, as many as fit.
+ *   d = 64:  Bc = 128, 4 stages: 16 + 4 x 32 = 144 KiB, turned. (Bc = 64 with 8 stages, the same
+ *            bytes, measured 0.84-0.88x of this on the H200: twice the tiles, each with its waits
+ *            and its softmax bookkeeping, and nothing the deeper ring bought back.)
+ *   d = 128: Bc = 128, 3 stages: 32 + 3 x 64 = 224 KiB, as many as fit; not turned: turned, a
+ *            consumer holds two of the three stages and the copy engine has one left to fill
+ *            ahead; it measured 0.96-1.03x of this, no gain for the longer story.
  *   d = 256: Bc = 64, 2 stages: 64 + 2 x 64 = 192 KiB (three do not fit); not turned, so that
  *            tile j's stage is freed as soon as P_ij V_j is done and tile j+2 has the whole of tile
- *            j+1's work to land in (turned, only its softmax).
+ *            j+1's work to land in (turned, only its softmax; measured 0.94-0.96x of this).
  * The mbarriers add 16 bytes per stage and 8 for Q_i.
- * Choices to time on a GPU, nvcc -D: STAGE12_D64_BC=128 (4 stages), STAGE12_D64_STAGES=n, STAGE12_D256_TURNED=1 */
+ * Choices to time on a GPU, nvcc -D: STAGE12_D64_BC=64 (8 stages), STAGE12_D64_STAGES=n,
+ * STAGE12_D128_TURNED=1, STAGE12_D256_TURNED=1 (note 12 has the measurements). */
 #ifndef STAGE12_D64_BC
-#define STAGE12_D64_BC 64
+#define STAGE12_D64_BC 128
 #endif
 #ifndef STAGE12_D64_STAGES
 #define STAGE12_D64_STAGES (STAGE12_D64_BC == 64 ? 8 : 4)
+#endif
+#ifndef STAGE12_D128_TURNED
+#define STAGE12_D128_TURNED 0
 #endif
 #ifndef STAGE12_D256_TURNED
 #define STAGE12_D256_TURNED 0
@@ -96,7 +102,7 @@ struct cfg;
 template <>
 struct cfg<64> { static constexpr int Bc = STAGE12_D64_BC, STAGES = STAGE12_D64_STAGES, TURNED = 1; }; /* O 32 + S 32 + P 16 */
 template <>
-struct cfg<128> { static constexpr int Bc = 128, STAGES = 3, TURNED = 1; };  /* O 64 + S 64 + P 32 */
+struct cfg<128> { static constexpr int Bc = 128, STAGES = 3, TURNED = STAGE12_D128_TURNED; };  /* O 64 + S 64 + P 32 */
 template <>
 struct cfg<256> { static constexpr int Bc = 64, STAGES = 2, TURNED = STAGE12_D256_TURNED; }; /* O 128 + S 32 + P 16 */
 
