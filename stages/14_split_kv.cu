@@ -406,8 +406,8 @@ stage14_split_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
     }
     if (final) return;
 
-    /* The last block of the row tile merges. Why it may read the other slices' partials, a
-     * block of threads at a time (the CUDA samples' threadFenceReduction, a block per slice):
+    /* The last block of the row tile merges. Why it may read the other slices' partials (the
+     * "last block" pattern of the CUDA samples' threadFenceReduction, with every thread a writer):
      * - each thread's __threadfence() orders its partials before anything it does later, at the
      *   scope of the whole GPU; the barrier after it puts every thread's fence (and so every store
      *   of the block) before thread 0's atomicInc. A block that draws a ticket has its partials in
