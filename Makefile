@@ -205,7 +205,8 @@ SANITIZE_BASE_stage14 := "--seqlen 1 --kv-len 1 --dim 64 --kv-heads 2" "--seqlen
                          "--seqlen 4 --kv-len 1000 --dim 128 --kv-heads 1 --causal --dtype bf16" \
                          "--seqlen 64 --kv-len 4097 --dim 64 --kv-heads 2 --causal" \
                          "--seqlen 1 --kv-len 777 --dim 128 --kv-heads 1 --splits 1" \
-                         "--seqlen 3 --kv-len 200 --dim 64 --kv-heads 1 --splits 40"
+                         "--seqlen 3 --kv-len 200 --dim 64 --kv-heads 1 --splits 40" \
+                         "--seqlen 1 --kv-len 5000 --dim 128 --kv-heads 1 --splits 65"
 sanitize: $(GPU_BINS)
 	@set -e; $(foreach b,$(GPU_BINS),for tool in memcheck racecheck synccheck; do \
 	  for s in $(or $(SANITIZE_BASE_$(b)),$(SANITIZE_SHAPES)) $(SANITIZE_SHAPES_$(b)); do \

@@ -40,7 +40,9 @@ struct shape {
 
 /* One call's tensors. For a CPU stage the pointers are host memory in fp32; for a GPU stage they
  * are device memory in `dtype` (O too), L is always fp32. `work` is `workspace_bytes` of scratch
- * the harness allocated for the stage (device memory for a GPU stage), or NULL if it asked none. */
+ * the harness allocated for the stage (device memory for a GPU stage), or NULL if it asked none;
+ * zeroed once when allocated, and kept for every call on that problem (a stage may keep state in
+ * it from one call to the next, as stage 14's merge counters, which each call leaves at zero). */
 struct attn_args {
     struct shape sh;
     enum dtype dtype;

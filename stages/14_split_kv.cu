@@ -13,16 +13,18 @@
  *   - split-KV: the keys of each (batch, KV head) are cut into S slices, a block per slice: grid
  *     (B * H_kv * row tiles, S). Each block runs stage 9's online softmax over its slice alone and
  *     writes a partial O_s (fp32, normalized by its own l_s) and its logsumexp L_s to a workspace;
- *   - the merge (stage14_combine_kernel): O = sum_s exp(L_s - L) O_s with L = log sum_s exp(L_s),
- *     the online softmax's rescaling once more, across slices instead of tiles;
+ *   - the merge, in the same kernel: O = sum_s exp(L_s - L) O_s with L = log sum_s exp(L_s), the
+ *     online softmax's rescaling once more, across slices instead of tiles (merge_slices). The
+ *     block of a row tile that finishes last does it: each block takes a ticket from a counter
+ *     of its row tile once its partials are written, and the one that draws ticket S - 1 knows
+ *     the other S - 1 are in memory (the "last block" pattern; no second kernel, no launch);
  *   - inside a block, the four warps split each K/V tile by keys (16 rows are one warp's worth of
  *     queries, so the warps cannot split rows as in stage 9) and merge the same way at the end;
- *   - S from the shape and the SM count (splits_for): one full wave, every block resident at once;
- *     --splits S overrides it;
+ *   - S from the shape and the SM count (splits_for): one full wave, every block resident at once,
+ *     then evened out so that no slice is a tile longer than it need be (at B = 1, H_kv = 8 on an
+ *     H200: 32 slices from N_kv = 2k to 64k, 8 tiles each at 16k); --splits S overrides it;
  *   - three K/V tiles in flight (a cp.async ring, stage 9 has two): the kernel does little per
  *     byte, so what matters is how many bytes each SM has requested;
- *   - on Hopper the merge kernel is launched programmatically dependent (PDL): it is scheduled while
- *     the split kernel drains and starts reading the moment it ends;
  *   - causal means the queries are the last N_q of the N_kv positions: query i sees keys up to
  *     N_kv - N_q + i (bottom-right, as FlashAttention; keys_seen in common/attn.h).
  * Why: one query is a matrix-vector product per head. Each K and V element is used G N_q times
@@ -61,11 +63,12 @@ constexpr int NWARPS = 4;
  * share of HBM's bytes in flight (Little's law: ~4.5 TB/s x ~1 us / 132 SMs ~ 35 KiB); and it fits
  * the 99 KiB of consumer GPUs. */
 constexpr int STAGES = 3;
-/* The merge: a block of 256 threads per row, four columns a thread, 8 (d = 128) or 16 (d = 64)
- * threads per column each summing its share of the slices; at most MAX_SPLITS slices (the
- * weights sit in shared memory; --splits allows no more). */
-constexpr int COMBINE_THREADS = 256;
+/* At most MAX_SPLITS slices (--splits allows no more): the merge keeps a weight per slice and row
+ * in shared memory, [MAX_SPLITS][Br] floats (64 KiB) over the K/V ring. */
 constexpr int MAX_SPLITS = 1024;
+/* The merge's loads of partial rows O_s kept in flight per thread (unrolled): they come from L2,
+ * a few hundred cycles each, and the merge is the tail of the kernel, nothing to overlap it. */
+constexpr int MERGE_UNROLL = 8;
 
 /* Per head dim: Bc keys per K/V tile, so that a tile of K and V is 32 KiB either way. */
 template <int HeadDim>
@@ -96,22 +99,94 @@ struct tiles {
     static constexpr size_t merge_m = merge_O + 4 * (size_t)NWARPS * Br * O_STRIDE;
     static constexpr size_t merge_l = merge_m + 4 * (size_t)NWARPS * Br;
     static constexpr size_t merge_bytes = merge_l + 4 * (size_t)NWARPS * Br;
-    static constexpr size_t bytes = loop_bytes > merge_bytes ? loop_bytes : merge_bytes;
+    /* The merge of the slices (the last block of a row tile), over the same memory once more: the
+     * weight of each slice for each row [MAX_SPLITS][Br], then each row's m and 1 / l [Br] each. */
+    static constexpr size_t slices_w = 0;
+    static constexpr size_t slices_m = slices_w + 4 * (size_t)MAX_SPLITS * Br;
+    static constexpr size_t slices_inv_l = slices_m + 4 * (size_t)Br;
+    static constexpr size_t slices_bytes = slices_inv_l + 4 * (size_t)Br;
+    static constexpr size_t bytes = std::max(loop_bytes, std::max(merge_bytes, slices_bytes));
+    static_assert(slices_bytes <= loop_bytes, "the merge of the slices fits over the K/V ring");
     static_assert(Br == 16, "a block's rows are one m16 tile of the mma");
     static_assert(KEYS_PER_WARP % 16 == 0, "each warp's keys are whole k16 steps of P_ij V_j");
     static_assert(2 * Br * HeadDim <= TILE_BYTES && STAGES >= 2, "Q_i fits the K buffer it borrows");
 };
 
-/* ---- kernels ---- */
+/* ---- kernel ---- */
+
+/* The merge of the S slices of `rows` rows (row0 .. row0 + rows - 1 of O and L; rows <= Br), by
+ * the block's NTHREADS threads, from the partials every slice's block wrote:
+ *   m = max_s L_s,  w_s = exp(L_s - m)  ( = l_s exp(m_s - m), the share of slice s; 0 for -inf)
+ *   O = sum_s w_s O_s / sum_s w_s,  L = m + log sum_s w_s
+ * The partials are read with __ldcg (ld.global.cg: from L2, never L1). The other blocks wrote them
+ * through L2, and this SM's L1 may hold lines of the workspace from before (a block that ran here
+ * earlier, or the previous call): an ordinary load could hit such a stale line. */
+template <typename T, int HeadDim>
+__device__ __forceinline__ void merge_slices(const float *O_part, const float *L_part, T *O, float *L,
+                                             size_t rows_all, size_t row0, int rows, int S, unsigned char *smem)
+{
+    typedef tiles<HeadDim> Tiles;
+    constexpr int NTHREADS = Tiles::NTHREADS, QUADS = HeadDim / 4;
+    constexpr int PER_ROW = NTHREADS / Br; /* threads per row for the weights: 8 */
+    static_assert(NTHREADS % Br == 0 && WARP_SIZE % PER_ROW == 0, "a row's threads within one warp");
+    float *w = (float *)(smem + Tiles::slices_w); /* [S][Br]: L_s, then w_s */
+    float *m_r = (float *)(smem + Tiles::slices_m), *inv_l_r = (float *)(smem + Tiles::slices_inv_l);
+    const int tid = threadIdx.x;
+
+    /* every L_s of the rows at once, [S][rows] in the workspace: a row tile's rows are adjacent */
+    for (int c = tid; c < S * Br; c += NTHREADS) {
+        const int s = c / Br, r = c % Br;
+        w[c] = r < rows ? __ldcg(&L_part[(size_t)s * rows_all + row0 + r]) : -INFINITY;
+    }
+    __syncthreads(); /* every L_s in shared memory */
+
+    /* m and l per row, PER_ROW threads a row, each over every PER_ROW-th slice, then across them */
+    {
+        const int r = tid / PER_ROW, part = tid % PER_ROW;
+        float m = -INFINITY;
+        for (int s = part; s < S; s += PER_ROW) m = fmaxf(m, w[s * Br + r]);
+#pragma unroll
+        for (int off = PER_ROW / 2; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(FULL_MASK, m, off));
+        float l = 0.f;
+        for (int s = part; s < S; s += PER_ROW) { /* w_s = exp(L_s - m); a row of -inf only: all 0 */
+            const float e = m == -INFINITY ? 0.f : exp2_approx((w[s * Br + r] - m) * LOG2E);
+            w[s * Br + r] = e;
+            l += e;
+        }
+#pragma unroll
+        for (int off = PER_ROW / 2; off > 0; off /= 2) l += __shfl_xor_sync(FULL_MASK, l, off);
+        if (part == 0) m_r[r] = m, inv_l_r[r] = l > 0.f ? 1.f / l : 0.f;
+        if (part == 0 && r < rows) L[row0 + r] = m == -INFINITY ? -INFINITY : m + logf(l); /* nats */
+    }
+    __syncthreads(); /* every weight, m and 1 / l in shared memory */
+
+    /* O: a thread per four columns of a row, summing the slices' rows MERGE_UNROLL loads at a time */
+    for (int c = tid; c < rows * QUADS; c += NTHREADS) {
+        const int r = c / QUADS, col = (c % QUADS) * 4;
+        const float *O_s = O_part + (row0 + r) * HeadDim + col; /* slice 0's; slice s is s rows_all rows on */
+        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll MERGE_UNROLL
+        for (int s = 0; s < S; s++) {
+            const float4 os = __ldcg((const float4 *)(O_s + (size_t)s * rows_all * HeadDim));
+            const float ws = w[s * Br + r];
+            o.x += ws * os.x, o.y += ws * os.y, o.z += ws * os.z, o.w += ws * os.w;
+        }
+        const float inv_l = inv_l_r[r];
+        *(uint2 *)&O[(row0 + r) * HeadDim + col] =
+            make_uint2(mma16<T>::pack(o.x * inv_l, o.y * inv_l), mma16<T>::pack(o.z * inv_l, o.w * inv_l));
+    }
+}
 
 /* One block: rows r0 .. r0 + 15 of one (batch, KV head) group's G * N_q query rows, against the
  * keys of slice blockIdx.y of that KV head. With one slice (gridDim.y == 1) it writes O and L
- * itself; otherwise its partial O_s and L_s, for stage14_combine_kernel. */
+ * itself; otherwise its partial O_s and L_s, and the last of the row tile's S blocks to finish
+ * merges them (merge_slices). tickets: a counter per row tile (blockIdx.x), zero between calls. */
 template <typename T, int HeadDim>
 __global__ void __launch_bounds__(tiles<HeadDim>::NTHREADS)
 stage14_split_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__restrict__ V, T *__restrict__ O,
-                     float *__restrict__ L, float *__restrict__ O_part, float *__restrict__ L_part, int B, int H,
-                     int H_kv, int N_q, int N_kv, int causal, float scale_log2, int row_tiles)
+                     float *__restrict__ L, float *__restrict__ O_part, float *__restrict__ L_part,
+                     unsigned *__restrict__ tickets, int B, int H, int H_kv, int N_q, int N_kv, int causal,
+                     float scale_log2, int row_tiles)
 {
     typedef tiles<HeadDim> Tiles;
     typedef mma16<T> M;
@@ -271,13 +346,7 @@ stage14_split_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
         }
     }
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    /* PDL: this block has read all it will read; once every block is here, the merge kernel may be
-     * scheduled (it waits for this grid to finish before it reads the partials) */
-    cudaTriggerProgrammaticLaunchCompletion();
-#endif
-
-    /* The four warps' results merged, the same rescaling as across tiles (and as the merge kernel
+    /* The four warps' results merged, the same rescaling as across tiles (and as merge_slices
      * across slices): with m = max_w m_w, l = sum_w exp2(m_w - m) l_w, O = sum_w exp2(m_w - m) O_w / l.
      * Through shared memory, over the K/V ring. */
     cp_async_wait<0>(); /* (only empty groups can be left) */
@@ -335,81 +404,32 @@ stage14_split_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
             if (col == 0) L_part[(size_t)s * rows_all + row] = lse;
         }
     }
-}
+    if (final) return;
 
-/* Block-wide max and sum of one value per thread (COMBINE_THREADS of them): across the warp by
- * shuffles, across the warps through shared memory. Every thread gets the result. */
-template <bool MAX>
-__device__ __forceinline__ float block_reduce(float v, float *scratch)
-{
-#pragma unroll
-    for (int off = WARP_SIZE / 2; off > 0; off /= 2) {
-        const float o = __shfl_xor_sync(FULL_MASK, v, off);
-        v = MAX ? fmaxf(v, o) : v + o;
+    /* The last block of the row tile merges. Why it may read the other slices' partials (the
+     * "last block" pattern of the CUDA samples' threadFenceReduction, with every thread a writer):
+     * - each thread's __threadfence() orders its partials before anything it does later, at the
+     *   scope of the whole GPU; the barrier after it puts every thread's fence (and so every store
+     *   of the block) before thread 0's atomicInc. A block that draws a ticket has its partials in
+     *   memory where every SM can see them;
+     * - the tickets are drawn by atomics on one counter, so they are S different numbers, 0 .. S-1,
+     *   and the block that draws S - 1 is the last: the other S - 1 had drawn theirs, so had
+     *   fenced their partials. Its own __threadfence() after the draw keeps its loads of them
+     *   after it, and __ldcg reads them from L2, where the stores went (not a stale L1 line);
+     * - atomicInc(p, S - 1) stores 0 when it reads S - 1: the last draw puts the counter back to
+     *   zero, ready for the next call (stream order puts that call after this one's end).
+     * The blocks never wait for one another: the first S - 1 leave, nothing is resident that
+     * waits, and any number of slices works whatever fits on the GPU at once. */
+    __threadfence();  /* this thread's partials visible to the whole GPU before the ticket */
+    __syncthreads();  /* every thread's stores and fence done; the merge below reuses the smem too */
+    bool last = false;
+    if (tid == 0) {
+        last = atomicInc(&tickets[blockIdx.x], S - 1) == (unsigned)(S - 1);
+        if (last) __threadfence(); /* the other blocks' partials read after the ticket that says
+                                    * they are written */
     }
-    __syncthreads(); /* scratch free (a reduction before this one is done reading it) */
-    if (threadIdx.x % WARP_SIZE == 0) scratch[threadIdx.x / WARP_SIZE] = v;
-    __syncthreads(); /* every warp's value in scratch */
-    v = scratch[0];
-#pragma unroll
-    for (int w = 1; w < COMBINE_THREADS / WARP_SIZE; w++) v = MAX ? fmaxf(v, scratch[w]) : v + scratch[w];
-    return v;
-}
-
-/* The merge of the S slices of one row (a block per row): L = log sum_s exp(L_s) and
- * O = sum_s exp(L_s - L) O_s. It waits on memory, not arithmetic: the S values of L_s are loaded
- * by all threads at once, and the partial rows O_s by LANES threads per column, each taking every
- * LANES-th slice with several loads in flight, then added up through shared memory. */
-template <typename T, int HeadDim>
-__global__ void __launch_bounds__(COMBINE_THREADS)
-stage14_combine_kernel(const float *__restrict__ O_part, const float *__restrict__ L_part, T *__restrict__ O,
-                       float *__restrict__ L, size_t rows, int S)
-{
-    typedef mma16<T> M;
-    constexpr int QUADS = HeadDim / 4;                 /* four columns a thread */
-    constexpr int LANES = COMBINE_THREADS / QUADS;     /* threads per column: 8 at d = 128, 16 at 64 */
-    static_assert(COMBINE_THREADS % QUADS == 0 && COMBINE_THREADS % WARP_SIZE == 0, "whole columns, whole warps");
-    __shared__ float w_s[MAX_SPLITS];                  /* exp(L_s - m), slice s's weight */
-    __shared__ float scratch[COMBINE_THREADS / WARP_SIZE];
-    __shared__ float4 O_lane[LANES][QUADS];            /* each lane's sum over its slices */
-    const size_t row = blockIdx.x;
-    const int tid = threadIdx.x, q = tid % QUADS, lane = tid / QUADS;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    /* PDL: launched before the split kernel ended; wait until it has, and its writes are visible */
-    cudaGridDependencySynchronize();
-#endif
-    /* m = max_s L_s (every row sees some key, so some L_s is finite; -inf is guarded all the same) */
-    float m = -INFINITY;
-    for (int s = tid; s < S; s += COMBINE_THREADS) {
-        w_s[s] = L_part[(size_t)s * rows + row];
-        m = fmaxf(m, w_s[s]);
-    }
-    m = block_reduce<true>(m, scratch);
-    /* w_s = exp(L_s - m) = l_s exp(m_s - m): slice s's share (0 for an empty slice, L_s = -inf) */
-    float l = 0.f;
-    for (int s = tid; s < S; s += COMBINE_THREADS) {
-        w_s[s] = m == -INFINITY ? 0.f : exp2_approx((w_s[s] - m) * LOG2E);
-        l += w_s[s];
-    }
-    l = block_reduce<false>(l, scratch); /* (its barriers also make every w_s visible) */
-    /* this thread's columns 4q .. 4q+3, summed over slices lane, lane + LANES, ... */
-    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 4
-    for (int s = lane; s < S; s += LANES) {
-        const float4 os = *(const float4 *)&O_part[((size_t)s * rows + row) * HeadDim + 4 * q];
-        o.x += w_s[s] * os.x, o.y += w_s[s] * os.y, o.z += w_s[s] * os.z, o.w += w_s[s] * os.w;
-    }
-    O_lane[lane][q] = o;
-    __syncthreads(); /* every lane's sums in shared memory */
-    if (lane == 0) {
-#pragma unroll
-        for (int k = 1; k < LANES; k++)
-            o.x += O_lane[k][q].x, o.y += O_lane[k][q].y, o.z += O_lane[k][q].z, o.w += O_lane[k][q].w;
-        const float inv_l = l > 0.f ? 1.f / l : 0.f;
-        *(uint2 *)&O[row * HeadDim + 4 * q] =
-            make_uint2(M::pack(o.x * inv_l, o.y * inv_l), M::pack(o.z * inv_l, o.w * inv_l));
-        if (q == 0) L[row] = m == -INFINITY ? -INFINITY : m + logf(l);
-    }
+    if (!__syncthreads_or(last)) return; /* (a barrier: thread 0's ticket for the whole block) */
+    merge_slices<T, HeadDim>(O_part, L_part, O, L, rows_all, group_row0 + r0, min(Br, M_rows - r0), S, smem);
 }
 
 /* ---- launcher ---- */
@@ -447,20 +467,24 @@ int resident_blocks(char *why, size_t n)
 }
 
 /* The number of slices S (the rule, written down): --splits where given; else one full wave,
- *   S = floor(resident blocks / (B * H_kv * row tiles)),
+ *   S_wave = max(1, floor(resident blocks / (B * H_kv * row tiles))),
  * so that every block of the grid is resident at once and each SM streams its share of K and V
- * from the first microsecond to the last (two waves would leave a tail of half-empty SMs); at least
- * 1 (a problem with more groups than resident blocks fills the GPU without splitting) and at most
- * the number of K/V tiles (a slice of at least one tile). */
+ * from the first microsecond to the last (two waves would leave a tail of half-empty SMs; a
+ * problem with more groups than resident blocks fills the GPU without splitting); then evened out:
+ *   per = ceil(Tc / S_wave) tiles a slice,  S = ceil(Tc / per),
+ * the fewest slices whose longest is no longer than S_wave slices' longest (the time is the longest
+ * slice's; a slice more only adds to the merge): at Tc = 256 tiles and S_wave = 33, 32 slices of 8
+ * tiles rather than 33 of 7 or 8. S <= Tc (a slice of at least one tile). */
 int splits_for(const struct shape *sh, char *why, size_t n)
 {
     if (sh->splits > 0) return sh->splits;
     const int slots = sh->d == 64 ? resident_blocks<64>(why, n) : resident_blocks<128>(why, n);
     if (slots < 0) return -1;
     const long long groups = (long long)sh->B * shape_kv_heads(sh) * row_tiles_of(sh);
-    const int Tc = CEIL_DIV(shape_kv_len(sh), sh->d == 64 ? tiles<64>::Bc : tiles<128>::Bc);
-    const long long S = std::max(1LL, slots / groups);
-    return (int)std::min<long long>(S, Tc);
+    const long long Tc = CEIL_DIV(shape_kv_len(sh), sh->d == 64 ? tiles<64>::Bc : tiles<128>::Bc);
+    const long long S_wave = std::max(1LL, slots / groups);
+    const long long per = CEIL_DIV(Tc, S_wave);
+    return (int)CEIL_DIV(Tc, per);
 }
 
 /* For the harness's report (the descriptor's kv_splits): the S a run of this shape uses. */
@@ -471,11 +495,14 @@ int kv_splits(const struct shape *sh)
     return S > 0 ? S : 1;
 }
 
-/* The workspace: with S > 1, each slice's O_s (fp32) and L_s for every row. */
+/* The workspace: with S > 1, each slice's O_s (fp32) and L_s for every row, then the merge's ticket
+ * counter of every row tile, which must be zero when it is allocated (the harness zeroes a
+ * workspace once); every call leaves them at zero again. */
 size_t workspace_bytes(const struct shape *sh)
 {
     const int S = kv_splits(sh);
-    return S > 1 ? (size_t)S * shape_rows(sh) * (sh->d + 1) * sizeof(float) : 0;
+    const size_t row_tile_count = (size_t)sh->B * shape_kv_heads(sh) * row_tiles_of(sh);
+    return S > 1 ? (size_t)S * shape_rows(sh) * (sh->d + 1) * sizeof(float) + row_tile_count * sizeof(unsigned) : 0;
 }
 
 template <typename T, int HeadDim>
@@ -498,49 +525,23 @@ int launch(const struct attn_args *a, char *why, size_t n)
         return ATTN_UNSUPPORTED;
     }
     float *O_part = NULL, *L_part = NULL;
+    unsigned *tickets = NULL;
     const size_t rows = shape_rows(sh);
-    if (S > 1 && rows > 2147483647u) {
-        snprintf(why, n, "B * H * N = %zu rows is more than the merge's grid holds (2^31 - 1)", rows);
-        return ATTN_UNSUPPORTED;
-    }
-    if (S > 1) { /* the workspace: [S][rows][HeadDim] partial O, then [S][rows] partial L */
+    if (S > 1) { /* the workspace: [S][rows][HeadDim] partial O, [S][rows] partial L, [blocks] tickets */
         if (!a->work) {
             snprintf(why, n, "%d slices need a workspace (workspace_bytes) and none was given", S);
             return ATTN_UNSUPPORTED;
         }
         O_part = (float *)a->work;
         L_part = O_part + (size_t)S * rows * HeadDim;
+        tickets = (unsigned *)(L_part + (size_t)S * rows);
     }
     const float scale_log2 = sh->scale * LOG2E;
     /* (batch, KV head, row tile) in x, the slice in y (S <= 1024, under y's 65535) */
     stage14_split_kernel<T, HeadDim><<<dim3((unsigned)blocks, (unsigned)S), Tiles::NTHREADS, Tiles::bytes>>>(
-        (const T *)a->Q, (const T *)a->K, (const T *)a->V, (T *)a->O, a->L, O_part, L_part, sh->B, sh->H,
+        (const T *)a->Q, (const T *)a->K, (const T *)a->V, (T *)a->O, a->L, O_part, L_part, tickets, sh->B, sh->H,
         shape_kv_heads(sh), sh->N, shape_kv_len(sh), sh->causal, scale_log2, row_tiles);
     CUDA_TRY(cudaGetLastError());
-    if (S == 1) return 0; /* the one slice wrote O and L */
-
-    /* The merge. On sm_90 and later it may be scheduled before the split kernel ends
-     * (programmatic dependent launch): it waits inside (cudaGridDependencySynchronize) instead of
-     * in the launch queue. */
-    static int pdl = -1;
-    if (pdl < 0) {
-        int dev = 0, major = 0;
-        CUDA_TRY(cudaGetDevice(&dev));
-        CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-        pdl = major >= 9;
-    }
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3((unsigned)rows); /* a block per row: at most 2^31 - 1 (checked above) */
-    config.blockDim = dim3(COMBINE_THREADS);
-    config.dynamicSmemBytes = 0;
-    config.stream = 0;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = attr;
-    config.numAttrs = pdl ? 1 : 0;
-    CUDA_TRY(cudaLaunchKernelEx(&config, stage14_combine_kernel<T, HeadDim>, (const float *)O_part,
-                                (const float *)L_part, (T *)a->O, a->L, rows, S));
     return 0;
 }
 

@@ -10,14 +10,22 @@
  *                           N_kv in {1, 17, 1000, 4097, 65536}, N in {1, 4, 64}, groups of 1, 4
  *                           and 8 query heads per KV head (B = 2, H_kv = 2), fp16 and bf16,
  *                           d = 64 and 128, causal and not (causal needs N_kv >= N).
- * decode::splits            --splits forced: one slice (the block writes O itself), a few, more
- *                           slices than K/V tiles (empty slices, weighed at zero by the merge).
+ * decode::splits            --splits forced: one slice (the block writes O itself), a few, 64 and
+ *                           65 (slices of one and two tiles, the merge's loads past a multiple of
+ *                           its unroll), more slices than K/V tiles (empty slices, weighed at zero
+ *                           by the merge), and the most, 1024 (1025 is refused: test_cli.c).
  * decode::odd_groups        multi-query (H_kv = 1, 32 heads: more rows than one block takes),
- *                           odd head counts, B = 1 and 5, inputs x50.
+ *                           odd head counts, B = 1 and 5, inputs x50; and the issue's shape at B = 1
+ *                           (32 heads over 8 KV heads, d = 128, one query) with 20000 keys.
  * The reference is stage 1 on the whole output where that is cheap (B H N N_kv d up to 2^27
  * multiply-adds), else the fp64 oracle on the rows of several heads (the first and last of each
  * KV group of the first and last batch) and, for every element, a finiteness check (outputs are
  * poisoned first: a row left unwritten is NaN).
+ *
+ * Every case checks the stage's second call on its workspace: the harness calls a stage that has
+ * one once before the checked call, on all-zero queries (common/cuda/runner.cu, first_call). Stage
+ * 14's merge counts the slices written in that workspace; a count the first call did not put back
+ * to zero leaves rows unmerged (poisoned: NaN) or merged from the first call's partials (wrong).
  */
 #include "common_test.h"
 #include <math.h>
@@ -144,6 +152,9 @@ static const struct { int H, H_kv, N, N_kv, d, causal, splits; } test_split_shap
     {8, 2, 4, 1000, 64, 1, 1},
     {8, 2, 1, 4097, 128, 1, 7},   /* slices of unequal tile counts */
     {16, 2, 64, 1000, 128, 1, 3}, /* causal: the last slice holds keys some rows do not see */
+    {8, 2, 1, 8192, 128, 0, 64},  /* 64 slices of two tiles */
+    {8, 2, 4, 5000, 64, 1, 65},   /* 65 slices of one tile or none (Tc = 40): the merge's tail */
+    {8, 2, 1, 5000, 128, 0, 65},  /* 65 slices of one or two tiles (Tc = 79) */
     {8, 2, 4, 100, 128, 1, 40},   /* more slices than K/V tiles: most are empty */
     {4, 4, 1, 1, 64, 0, 5},       /* one key, five slices */
     {8, 1, 17, 65536, 64, 1, 1024},
@@ -179,6 +190,7 @@ static const struct { int B, H, H_kv, N, N_kv, d, causal; float amplitude; } tes
     {1, 1, 1, 1, 65536, 64, 0, 1},    /* one head: every block on one KV head */
     {3, 12, 4, 2, 2049, 64, 0, 50},   /* scores of thousands: the merge's max must keep exp finite */
     {2, 8, 2, 64, 300, 128, 1, 50},
+    {1, 32, 8, 1, 20000, 128, 0, 1},  /* the shape, B = 1: the splits rule's own S */
 };
 
 ParameterizedTestParameters(decode, odd_groups)
