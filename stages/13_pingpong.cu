@@ -13,7 +13,8 @@
  *   - A persistent grid: one block per SM, each looping over work items (a Q tile of one head)
  *     heaviest first, in a snake order; the producer copies the next item's first K/V tiles while
  *     the consumers finish the last one. STAGE13_PERSISTENT=0 in the environment runs stage 12's
- *     grid instead (a block per item), =1 (the default) the persistent one; both are checked.
+ *     grid instead (a block per item), =1 (the default) the persistent one; both are checked
+ *     (STAGE13_BLOCKS=n: a persistent grid of n blocks, for the tests).
  * Why: per K/V tile the exponentials are half the tensor cores' time at d = 128 and as much at
  *   d = 64 (989 TFLOP/s of fp16 matmul against 3.9 T exp2/s on an H100 or H200: 4096 FLOPs against
  *   16 exp2 per clock and SM). Overlapped they cost nothing; one after the other, they stretch
@@ -330,6 +331,7 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
             wgmma_hold(O_acc[0]);
             wgmma_hold(P_ij);
             if (TURNED && j > 0) release(j - 1); /* O_i += P_{i,j-1} V_{j-1} has read V_{j-1} */
+
             /* Masks, only on the tiles that need them: the tail tile (keys past N) and, when causal,
              * the tiles that cross the diagonal (some key after some query of this tile). */
             if (key0 + Bc > N || (causal && key0 + Bc - 1 > q0)) {
@@ -504,26 +506,34 @@ void hbm_bytes(const struct shape *sh, struct hbm_traffic *t)
     t->q_reads = 1;
 }
 
-/* The grid: STAGE13_PERSISTENT=1 (or unset) a block per SM, each looping over its work items, or
- * one per item where there are fewer; STAGE13_PERSISTENT=0 a block per item (stage 12's grid).
- * Read once per run. Returns 0 with the number of blocks in *blocks, or ATTN_UNSUPPORTED (another
- * value) or ATTN_CUDA_ERROR with the reason in why. */
+/* The grid, from the environment, read once per run: STAGE13_PERSISTENT=1 (or unset) a persistent
+ * grid, a block per SM each looping over its work items (one block per item where there are
+ * fewer); STAGE13_PERSISTENT=0 a block per item, stage 12's grid. STAGE13_BLOCKS=n gives the
+ * persistent grid n blocks instead of one per SM: the tests take 1 and 3, so that a block runs
+ * many items one after another on small problems. Returns 0 with the number of blocks in *blocks,
+ * or ATTN_UNSUPPORTED or ATTN_CUDA_ERROR with the reason in why. */
 int grid_blocks(long long items, long long *blocks, char *why, size_t n)
 {
-    static int persistent = -1, sms = 0;
+    static long long persistent = -1; /* 0: the plain grid; else the persistent grid's blocks */
     if (persistent < 0) {
-        const char *s = getenv("STAGE13_PERSISTENT");
-        if (s && *s && strcmp(s, "0") && strcmp(s, "1")) {
+        const char *p = getenv("STAGE13_PERSISTENT"), *b = getenv("STAGE13_BLOCKS");
+        if (p && *p && strcmp(p, "0") && strcmp(p, "1")) {
             snprintf(why, n, "STAGE13_PERSISTENT=%s: expected 0 (a block per Q tile and head) or 1 (a block per SM, "
-                     "the default)", s);
+                     "the default)", p);
             return ATTN_UNSUPPORTED;
         }
-        int dev = 0;
+        char *end = NULL;
+        const long long want = b && *b ? strtoll(b, &end, 10) : 0;
+        if (b && *b && (*end || want < 1 || want > 2147483647LL)) {
+            snprintf(why, n, "STAGE13_BLOCKS=%s: expected the persistent grid's blocks, 1 to 2^31 - 1", b);
+            return ATTN_UNSUPPORTED;
+        }
+        int dev = 0, sms = 0;
         CUDA_TRY(cudaGetDevice(&dev));
         CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-        persistent = !(s && !strcmp(s, "0"));
+        persistent = p && !strcmp(p, "0") ? 0 : want ? want : sms;
     }
-    *blocks = persistent ? std::min(items, (long long)sms) : items;
+    *blocks = persistent ? std::min(items, persistent) : items;
     return 0;
 }
 
