@@ -7,7 +7,7 @@ CPU_STAGES := 01_naive 02_tiled_cpu 03_online_softmax
 # The Hopper stages (wgmma, TMA, setmaxnreg) are compiled for sm_90a alone, which runs on compute
 # capability 9.0 only (H100, H200): elsewhere they exit 3 and their tests skip. Otherwise they are
 # GPU stages like the others.
-HOPPER_STAGES := 11_wgmma 12_warp_specialized
+HOPPER_STAGES := 11_wgmma 12_warp_specialized 13_pingpong
 # Stages written for generation, a few queries against a long KV cache: measured by make
 # bench-decode, not on the FA-2 paper's grid (make bench, the charts and the README's table leave
 # them out). Otherwise GPU stages like the others.
@@ -199,6 +199,8 @@ SANITIZE_SHAPES_stage9 := "--seqlen 200 --dim 32 --dtype bf16 --causal" "--seqle
                           "--seqlen 300 --dim 128 --dtype bf16"
 SANITIZE_SHAPES_stage11 := "--seqlen 200 --dim 64 --dtype bf16 --causal" "--seqlen 130 --dim 256" \
                            "--seqlen 300 --dim 256 --dtype bf16 --causal" "--seqlen 300 --dim 128 --dtype bf16"
+SANITIZE_SHAPES_stage13 := "--seqlen 130 --dim 256 --dtype bf16 --causal" "--seqlen 300 --dim 64 --dtype bf16 --causal" \
+                           "--seqlen 1000 --dim 128"
 # a stage that cannot take the shapes above (stage 14: at most 64 queries, no --counters) names its
 # own instead of them (--batch 1 --heads 2 follow each, so each names --kv-heads 1 or 2)
 SANITIZE_BASE_stage14 := "--seqlen 1 --kv-len 1 --dim 64 --kv-heads 2" "--seqlen 1 --kv-len 3000 --dim 128 --kv-heads 1" \

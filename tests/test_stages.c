@@ -6,6 +6,9 @@
  * stages::x50         inputs scaled x50 (scores of thousands): stage 1 against the oracle,
  *                     and every stage from stage 3 on (the online softmax) against stage 1.
  * stages::one_head    B = H = 1, one long sequence with a tail, and N = 1: every stage.
+ * stages::grids       a stage's run-time choices of grid, each over the grid of shapes (stage 13:
+ *                     the plain grid, and persistent grids of 1 and 3 blocks, whose blocks run many
+ *                     work items in a row, which one block per SM never does on the shapes above).
  * A GPU case skips with a one-line reason where there is no CUDA device, where the stage is
  * built for another architecture than the device's (the Hopper stages, sm_90a), or where the
  * device cannot run that case: bf16 on Turing's code, or no tiles of the stage fit its shared
@@ -27,8 +30,15 @@ static void test_stage_vs_reference(const struct test_case *tc)
 {
     const struct stage *st = all_stages[tc->stage];
     const struct shape *sh = &tc->sh;
-    char label[160], why[256];
+    char label[200], why[256];
     test_label(tc, label, sizeof label);
+    if (tc->env[0]) { /* NAME=value, in this case's own process */
+        char name[64];
+        const char *eq = strchr(tc->env, '=');
+        cr_assert(eq && eq - tc->env < (long)sizeof name, "%s: the case's environment is not NAME=value", label);
+        snprintf(name, sizeof name, "%.*s", (int)(eq - tc->env), tc->env);
+        cr_assert(setenv(name, eq + 1, 1) == 0, "%s: setenv failed", label);
+    }
     if (st->device == ON_GPU) {
         test_require_gpu_arch(st->arch_sm, st->name);
         test_require_fit(st, sh, tc->dtype, 0, 0);
@@ -157,3 +167,41 @@ ParameterizedTestParameters(stages, one_head)
 }
 
 ParameterizedTest(struct test_case *tc, stages, one_head) { test_stage_vs_reference(tc); }
+
+/* ---- a stage's run-time grids ----
+ * Stage 13 reads its grid from the environment (stages/13_pingpong.cu, grid_blocks): each choice
+ * over the grid's shapes in the 16-bit dtypes. The persistent grid of 1 block runs every work item
+ * in one block, so the ring's phases, the Q barriers and the turns carry over from item to item
+ * (up to 48 items here); 3 blocks take the snake order's odd rounds and a last partial round. */
+static const struct { const char *stage, *env; } test_grid_envs[] = {
+    {"stage13", "STAGE13_PERSISTENT=0"},
+    {"stage13", "STAGE13_BLOCKS=1"},
+    {"stage13", "STAGE13_BLOCKS=3"},
+};
+static const enum dtype test_16bit[] = {DT_F16, DT_BF16};
+
+ParameterizedTestParameters(stages, grids)
+{
+    size_t max = TEST_COUNT(test_grid_envs) * TEST_COUNT(test_16bit) * TEST_COUNT(test_grid_N) *
+                 TEST_COUNT(test_grid_d) * 2;
+    struct test_case *p = cr_malloc(max * sizeof *p);
+    size_t count = 0;
+    char why[256];
+    for (int s = 0; s < n_all_stages; s++)
+        for (size_t e = 0; e < TEST_COUNT(test_grid_envs); e++) {
+            if (strcmp(all_stages[s]->name, test_grid_envs[e].stage) || !test_stage_selected(all_stages[s])) continue;
+            for (size_t t = 0; t < TEST_COUNT(test_16bit); t++)
+                for (size_t dj = 0; dj < TEST_COUNT(test_grid_d); dj++)
+                    for (size_t nj = 0; nj < TEST_COUNT(test_grid_N); nj++)
+                        for (int causal = 0; causal < 2; causal++) {
+                            int N = test_grid_N[nj], d = test_grid_d[dj];
+                            struct shape sh = test_shape(TEST_GRID_B, TEST_GRID_H, N, d, causal);
+                            if (!stage_supports(all_stages[s], &sh, test_16bit[t], why, sizeof why)) continue;
+                            p[count] = (struct test_case){.stage = s, .sh = sh, .dtype = test_16bit[t], .amplitude = 1};
+                            snprintf(p[count++].env, sizeof p->env, "%s", test_grid_envs[e].env);
+                        }
+        }
+    return cr_make_param_array(struct test_case, p, count, test_free_params);
+}
+
+ParameterizedTest(struct test_case *tc, stages, grids) { test_stage_vs_reference(tc); }

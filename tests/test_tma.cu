@@ -1,4 +1,5 @@
-/* test_tma.cu: the Hopper helpers of common/cuda/tma.cuh on the GPU (TMA, mbarrier, setmaxnreg).
+/* test_tma.cu: the Hopper helpers of common/cuda/tma.cuh on the GPU (TMA, mbarrier, setmaxnreg,
+ * named barriers).
  * Compiled for sm_90a alone (the Makefile's HOPPER_OBJS); every test skips with a one-line reason
  * unless the device is of compute capability 9.0.
  *
@@ -19,8 +20,12 @@
  *                          (setmaxnreg.inc 240) copy each tile out, un-swizzled. The output must be
  *                          the input exactly, and the padding past N zeros. N = 1000 (16 tiles,
  *                          six times round the ring), 192 (exactly one round), 257, 1.
+ * tma::named_barrier_turns two groups of 128 threads take 50 turns each through two named barriers
+ *                          (named_barrier_sync, named_barrier_arrive: stage 13's ping-pong), one
+ *                          group idling between its turns; the log of turns must alternate, group
+ *                          0 first, and the kernel end (both barriers on a whole phase).
  *
- * All of it is copies: every result must equal the input bit for bit.
+ * All of it but the turns is copies: every result must equal the input bit for bit.
  */
 /* common_test.h declares C functions without extern "C": included inside a block of it, after
  * the C++ headers it pulls in (as in test_mma.cu). */
@@ -323,3 +328,58 @@ TEST_RING(ring_many_rounds, 1000)
 TEST_RING(ring_one_round, 192)
 TEST_RING(ring_tail, 257)
 TEST_RING(ring_one_row, 1)
+
+/* ---- turns through two named barriers (stage 13's ping-pong) ---- */
+
+#define TEST_TURNS 50          /* turns per group */
+#define TEST_TURN_GROUP 128    /* threads per group: a warpgroup */
+#define TEST_TURN_BAR 3        /* group g waits for its turn at barrier 3 + g */
+#define TEST_TURN_IDLE 2000    /* clocks group 0 idles between its turns */
+
+/* Two groups of 128 threads take turns: group g waits at barrier 3 + g (bar.sync, its 128) until
+ * the other group arrives there (bar.arrive, 128 more); in its turn the group's first thread
+ * appends g to a log, then the group hands the turn over. Group 1 hands the first turn to group 0
+ * before anything else, and group 0 takes back the last one at the end, so that both barriers end
+ * on a whole phase. Group 0 idles between its turns: without the turns, group 1 would log several
+ * times in a row. */
+static __global__ void __launch_bounds__(2 * TEST_TURN_GROUP, 1) test_turns_kernel(int *out)
+{
+    __shared__ int log_[2 * TEST_TURNS], count;
+    const int tid = threadIdx.x, g = tid / TEST_TURN_GROUP;
+    if (tid == 0) count = 0;
+    __syncthreads(); /* count is 0 before any turn */
+    if (g == 1) named_barrier_arrive(TEST_TURN_BAR + 0, 2 * TEST_TURN_GROUP); /* the first turn is group 0's */
+    for (int k = 0; k < TEST_TURNS; k++) {
+        named_barrier_sync(TEST_TURN_BAR + g, 2 * TEST_TURN_GROUP); /* this group's turn */
+        if (tid % TEST_TURN_GROUP == 0) log_[count++] = g;
+        named_barrier_arrive(TEST_TURN_BAR + 1 - g, 2 * TEST_TURN_GROUP); /* the other group's turn; the
+                                                                          * log entry released to it */
+        if (g == 0) {
+            const long long t0 = clock64();
+            while (clock64() - t0 < TEST_TURN_IDLE) {
+            }
+        }
+    }
+    if (g == 0) named_barrier_sync(TEST_TURN_BAR + 0, 2 * TEST_TURN_GROUP); /* the last hand-over, taken back */
+    __syncthreads(); /* every entry written */
+    for (int k = tid; k < 2 * TEST_TURNS; k += blockDim.x) out[k] = log_[k];
+    if (tid == 0) out[2 * TEST_TURNS] = count;
+}
+
+Test(tma, named_barrier_turns)
+{
+    test_require_hopper();
+    int *dout, got[2 * TEST_TURNS + 1];
+    CUDA_CHECK(cudaMalloc(&dout, sizeof got));
+    CUDA_CHECK(cudaMemset(dout, 0xff, sizeof got));
+    test_turns_kernel<<<1, 2 * TEST_TURN_GROUP>>>(dout);
+    LAUNCH_CHECK();
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaMemcpy(got, dout, sizeof got, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaFree(dout));
+    cr_assert(got[2 * TEST_TURNS] == 2 * TEST_TURNS, "named barrier turns: %d turns logged, want %d",
+              got[2 * TEST_TURNS], 2 * TEST_TURNS);
+    for (int k = 0; k < 2 * TEST_TURNS; k++)
+        cr_assert(got[k] == k % 2, "named barrier turns: turn %d was group %d's, want group %d's (the groups "
+                  "alternate, group 0 first)", k, got[k], k % 2);
+}

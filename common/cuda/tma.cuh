@@ -1,7 +1,8 @@
 /* tma.cuh: Hopper's tensor memory accelerator (TMA), the mbarriers that say when its bytes have
  * landed, and the two instructions a warp-specialized kernel adds (setmaxnreg, named barriers):
- * the plumbing of stage 12's producer and consumers. sm_90a only, like wgmma.cuh: compile with
- * -gencode arch=compute_90a,code=sm_90a; the code runs on compute capability 9.0 alone.
+ * the plumbing of stage 12's producer and consumers, and of stage 13's turns. sm_90a only, like
+ * wgmma.cuh: compile with -gencode arch=compute_90a,code=sm_90a; the code runs on compute
+ * capability 9.0 alone.
  *
  * The copy engine. One thread issues cp.async.bulk.tensor with a *tensor map* (a 128-byte
  * description of a tensor in global memory: its base, sizes, strides, the box one copy moves and
@@ -218,6 +219,16 @@ static __device__ __forceinline__ void setmaxnreg_inc()
 static __device__ __forceinline__ void named_barrier_sync(int id, int threads)
 {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+/* The other half of a named barrier: these warps count towards barrier `id`'s `threads` and go on
+ * without waiting; the warps that bar.sync there are released once the count is reached. A
+ * signal from one group of warps to another (stage 13: "your turn"), where named_barrier_sync on
+ * both sides would hold the signalling warps as well. Each phase needs its arrivals and its
+ * syncs to add up to `threads` exactly: an arrival too many completes a phase early. */
+static __device__ __forceinline__ void named_barrier_arrive(int id, int threads)
+{
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 #endif

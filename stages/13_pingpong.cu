@@ -1,0 +1,613 @@
+/* 13_pingpong.cu: FlashAttention-3's scheduling on Hopper: the two consumer warpgroups take
+ *   turns at the tensor cores (ping-pong), and a persistent grid
+ *
+ * Changed from stage 12: the producer, the ring, the math and the turned loop are stage 12's; two
+ *   things are new.
+ *   - Turns (ping-pong). A consumer warpgroup issues its wgmma (O_i += P_ij V_j together with
+ *     S_{i,j+1} = Q_i K_{j+1}^T) only in its turn, and hands the turn to the other warpgroup as soon
+ *     as they are issued: two named barriers, one per warpgroup, each waited on with bar.sync by
+ *     its warpgroup (128 threads) and completed by the other's bar.arrive (128 more). So the
+ *     warpgroups alternate, and one's softmax (exp2 on the MUFU units) runs while the other's wgmma
+ *     keep the tensor cores busy. In stage 12 nothing kept them apart: they could drift into step,
+ *     both softmaxes at once and the tensor cores idle. d = 256 keeps stage 12's schedule (config).
+ *   - A persistent grid: one block per SM, each looping over work items (a Q tile of one head)
+ *     heaviest first, in a snake order; the producer copies the next item's first K/V tiles while
+ *     the consumers finish the last one. STAGE13_PERSISTENT=0 in the environment runs stage 12's
+ *     grid instead (a block per item), =1 (the default) the persistent one; both are checked
+ *     (STAGE13_BLOCKS=n: a persistent grid of n blocks, for the tests).
+ * Why: per K/V tile the exponentials are half the tensor cores' time at d = 128 and as much at
+ *   d = 64 (989 TFLOP/s of fp16 matmul against 3.9 T exp2/s on an H100 or H200: 4096 FLOPs against
+ *   16 exp2 per clock and SM). Overlapped they cost nothing; one after the other, they stretch
+ *   every tile by half (d = 128) or double it (d = 64).
+ * Hopper only: compiled for sm_90a (the Makefile's HOPPER_STAGES); elsewhere it exits 3.
+ * Measured: not yet (notes/13_pingpong.md has the predictions).
+ * Run: ./stage13 --batch 1 --heads 16 --seqlen 16384 --dim 128 --causal
+ *      STAGE13_PERSISTENT=0 ./stage13 --batch 1 --heads 16 --seqlen 16384 --dim 128 --causal
+ */
+#include "common/attn.h"
+#include "common/cuda/counters.cuh"
+#include "common/cuda/cuda_check.h"
+#include "common/cuda/defs.cuh"
+#include "common/cuda/launch.cuh"
+#include "common/cuda/mma.cuh"
+#include "common/cuda/tma.cuh"
+#include "common/cuda/wgmma.cuh"
+
+#include <algorithm>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+namespace {
+
+/* ---- configuration ---- */
+
+/* Two consumer warpgroups per block at every head dim, as in stage 11: a Q tile of Br = 128 rows,
+ * 64 per warpgroup (the M of one wgmma), both reading the same K_j, V_j. Per thread a consumer
+ * warpgroup's accumulators hold Bc / 2 fp32 of S_ij and HeadDim / 2 of O_i, and P_ij takes Bc / 4
+ * registers (16-bit pairs) that the tensor cores read until the wait: all three live at once.
+ * Bc is stage 11's: 64 at d = 64 (Bc = 128 was 4-25% slower there: the exponentials, as heavy as
+ * the matmuls, wait on a wgmma of S twice as long), 128 at d = 128, 64 at d = 256 (O_i alone is
+ * 128 registers).
+ *
+ * Then a third warpgroup, the producer (warpgroup 2, after the consumers, so that the consumers'
+ * thread, warp and warpgroup numbers are stage 11's). One of its threads issues every copy; the
+ * copies need no registers for their data, so the warpgroup gives its registers away:
+ *   at launch, __launch_bounds__(384, 1): 65536 / 384 registers per thread, 168 (a multiple of 8)
+ *   producer, setmaxnreg.dec:  24 x 128 threads =  3072
+ *   consumers, setmaxnreg.inc: 240 x 256 threads = 61440
+ *   together 64512 = 168 x 384: the consumers take exactly what the producer gave back. Without
+ *   setmaxnreg every thread would keep 168, under the ~200 stage 11's consumers use (-Xptxas -v).
+ *
+ * K_j and V_j stream through a ring of STAGES stages, each a K_j and a V_j buffer. TURNED, as in
+ * stage 11: O_i += P_ij V_j is left running while the consumer waits for tile j+1 and issues
+ * S = Q K_{j+1}^T, so a consumer holds two stages (V_j still being read, and tile j+1) and frees
+ * tile j's only at the wait for S_{i,j+1}; the copy engine fills the other STAGES - 2. One block
+ * per SM (the registers), so shared memory beside Q_i is spent on the ring:
+ *   d = 64:  Bc = 64, 8 stages: 16 + 8 x 16 = 144 KiB, the bytes (and keys ahead) of the earlier
+ *            ring of 4 stages of 128 keys; a tile here is short (~0.7 us at stage 11's speed), and
+ *            the copies' latency is hidden only several tiles ahead.
+ *   d = 128: Bc = 128, 3 stages: 32 + 3 x 64 = 224 KiB, as many as fit.
+ *   d = 256: Bc = 64, 2 stages: 64 + 2 x 64 = 192 KiB (three do not fit); not turned, so that
+ *            tile j's stage is freed as soon as P_ij V_j is done and tile j+2 has the whole of tile
+ *            j+1's work to land in (turned, only its softmax).
+ * The mbarriers add 16 bytes per stage and 16 for Q_i (full, and empty for the next work item).
+ * (Stage 12's compile-time choices are fixed here at its defaults.)
+ *
+ * PINGPONG: the consumer warpgroups take turns at issuing their wgmma (the kernel's "turns"). At
+ * d = 64 and 128, where the exponentials weigh as much as or half as much as the matmuls. Not at
+ * d = 256: there the loop is not turned, so a turn would have to hold the wait for P_ij V_j and
+ * keep the other warpgroup out for a whole matmul; and the softmax is a quarter of the matmuls'
+ * time, which the two warpgroups' drift already hides (FlashAttention-3 leaves its scheduler
+ * barrier out at d = 256 too). The registers are not the reason: the turns cost a few. */
+constexpr int NWARPGROUPS = 2;  /* consumer warpgroups */
+constexpr int NWARPS = 4 * NWARPGROUPS;  /* consumer warps */
+constexpr int WARPGROUP = 4 * WARP_SIZE; /* threads that issue one wgmma together */
+constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240; /* setmaxnreg, per thread (above) */
+constexpr size_t SMEM_MAX = 227 * 1024; /* the shared memory a block may have on an H100 or H200 */
+/* The named barriers (0 is __syncthreads'): 1 + wg, the epilogue of consumer warpgroup wg; TURN_BAR
+ * + wg, warpgroup wg's turn (3 and 4) */
+constexpr int TURN_BAR = 3;
+template <int HeadDim>
+struct cfg;
+template <>
+struct cfg<64> { static constexpr int Bc = 64, STAGES = 8, TURNED = 1, PINGPONG = 1; }; /* O 32 + S 32 + P 16 */
+template <>
+struct cfg<128> { static constexpr int Bc = 128, STAGES = 3, TURNED = 1, PINGPONG = 1; };  /* O 64 + S 64 + P 32 */
+template <>
+struct cfg<256> { static constexpr int Bc = 64, STAGES = 2, TURNED = 0, PINGPONG = 0; }; /* O 128 + S 32 + P 16 */
+
+/* Everything derived from the configuration: tile sizes and the shared-memory layout. */
+template <int HeadDim>
+struct tiles {
+    typedef cfg<HeadDim> C;
+    static constexpr int Bc = C::Bc, STAGES = C::STAGES;
+    static constexpr bool TURNED = C::TURNED != 0, PINGPONG = C::PINGPONG != 0;
+    /* the wgmma accumulators give each warp 16 rows of its warpgroup's 64: one m16 row tile */
+    static constexpr int M_TILES = 1;
+    static constexpr int NTHREADS = NWARPS * WARP_SIZE + WARPGROUP; /* the consumers, then the producer */
+    static constexpr int ROWS_PER_WARP = 16 * M_TILES;
+    static constexpr int Br = NWARPS * ROWS_PER_WARP;
+    /* Q_i [Br][HeadDim], then the ring: STAGES buffers of K_j [Bc][HeadDim], STAGES of V_j, all
+     * 16-bit, in the 128-byte swizzle (wgmma.cuh): each starts on a 1024-byte atom. Then the
+     * mbarriers, 8 bytes each: full[STAGES], empty[STAGES], Q_full, Q_empty. */
+    static constexpr size_t Q_i = 0;
+    static constexpr size_t K_j = Q_i + 2 * (size_t)Br * HeadDim;
+    static constexpr size_t V_j = K_j + STAGES * 2 * (size_t)Bc * HeadDim;
+    static constexpr size_t full = V_j + STAGES * 2 * (size_t)Bc * HeadDim;
+    static constexpr size_t empty = full + STAGES * sizeof(uint64_t);
+    static constexpr size_t Q_full = empty + STAGES * sizeof(uint64_t);
+    static constexpr size_t Q_empty = Q_full + sizeof(uint64_t);
+    static constexpr size_t bytes = Q_empty + sizeof(uint64_t);
+    static_assert(Br == NWARPGROUPS * 64, "a warpgroup's rows are one wgmma's M, 64");
+    static_assert(HeadDim % 64 == 0, "the 128-byte swizzle takes rows of whole 64-element blocks");
+    static_assert(Bc % 16 == 0 && Bc >= 64, "Bc: one wgmma's N, and whole k16 steps of P_ij V_j");
+    static_assert(K_j % SW128_ATOM_BYTES == 0 && V_j % SW128_ATOM_BYTES == 0 && 2 * Bc * HeadDim % SW128_ATOM_BYTES == 0,
+                  "every tile on a 1024-byte atom");
+    static_assert(Br <= 256 && Bc <= 256, "a TMA box has at most 256 rows");
+    static_assert(STAGES >= 2, "a ring: the copy engine fills one stage while the consumers read another");
+    static_assert(!PINGPONG || TURNED, "a turn issues P_ij V_j and S_{i,j+1} together and waits for neither");
+    static_assert(bytes <= SMEM_MAX, "Q_i and the ring fit the shared memory of one block");
+    static_assert(PRODUCER_REGS * WARPGROUP + CONSUMER_REGS * NWARPS * WARP_SIZE <= 65536 / NTHREADS / 8 * 8 * NTHREADS,
+                  "the consumers take no more registers than the producer gives back");
+};
+
+/* ---- kernel ---- */
+
+/* COUNT: the counting build for --counters (common/cuda/counters.cuh); the timed build has none. */
+template <typename T, int HeadDim, bool COUNT>
+__global__ void __launch_bounds__(tiles<HeadDim>::NTHREADS, 1)
+stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_constant__ CUtensorMap tmap_K,
+                        const __grid_constant__ CUtensorMap tmap_V, T *__restrict__ O_all, float *__restrict__ L_all,
+                        int N, int BH, int causal, float scale_log2, unsigned long long *counters)
+{
+    typedef tiles<HeadDim> Tiles;
+    typedef mma16<T> M;
+    constexpr int M_TILES = Tiles::M_TILES, Br = Tiles::Br, Bc = Tiles::Bc, STAGES = Tiles::STAGES;
+    constexpr bool TURNED = Tiles::TURNED, PINGPONG = Tiles::PINGPONG;
+    constexpr int KT = Bc / 8;      /* key tiles: n8 tiles of S_ij */
+    constexpr int DT = HeadDim / 8; /* dim tiles: n8 column tiles of O_i */
+    extern __shared__ __align__(SW128_ATOM_BYTES) unsigned char smem[];
+    T *Q_i = (T *)(smem + Tiles::Q_i);
+    T *K_buf = (T *)(smem + Tiles::K_j); /* [STAGES][Bc][HeadDim] */
+    T *V_buf = (T *)(smem + Tiles::V_j); /* [STAGES][Bc][HeadDim] */
+    uint64_t *full = (uint64_t *)(smem + Tiles::full);   /* [STAGES]: stage s's K_j, V_j have landed */
+    uint64_t *empty = (uint64_t *)(smem + Tiles::empty); /* [STAGES]: every consumer warp is done with it */
+    uint64_t *Q_full = (uint64_t *)(smem + Tiles::Q_full); /* Q_i has landed */
+    uint64_t *Q_empty = (uint64_t *)(smem + Tiles::Q_empty); /* every consumer warp has stored its O rows
+                                                               * through Q_i: the next Q_i may come */
+
+    const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
+    const int g = lane >> 2, t = lane & 3;      /* groupID, tid_in_group (see mma.cuh) */
+    const int wg = tid / WARPGROUP;             /* this thread's warpgroup: rows 64 wg .. 64 wg + 63;
+                                                 * NWARPGROUPS: the producer */
+    const int row0 = warp * Tiles::ROWS_PER_WARP;  /* this warp's rows of Q_i, O_i (warp w of warpgroup
+                                                    * wg owns rows 64 wg + 16 w .. + 15) */
+    /* the matrix descriptors (wgmma.cuh), each at its operand's first k16 step; the others are
+     * compile-time steps from them: Q_i and K_j K-major (rows contiguous along d), V_j MN-major
+     * (its rows are the keys, P_ij V_j's k), its 64-column blocks Bc rows of 128 bytes apart */
+    const uint64_t Q_desc = wgmma_desc_kmajor((unsigned)__cvta_generic_to_shared(Q_i) + wg * 64 * SW128_ROW_BYTES);
+    const uint64_t K_desc = wgmma_desc_kmajor((unsigned)__cvta_generic_to_shared(K_buf));
+    const uint64_t V_desc = wgmma_desc_mnmajor((unsigned)__cvta_generic_to_shared(V_buf), Bc * SW128_ROW_BYTES);
+    constexpr unsigned TILE_BYTES = 2 * Bc * HeadDim; /* one K (or V) buffer */
+
+    /* The work: one item per (Q tile, head), Tr * BH of them, numbered heaviest first: item w is
+     * head w % BH's Q tile of rank w / BH, rank 0 being, with a causal mask, the last Q tile (it
+     * sees the most K/V tiles). A block takes, round by round, one item from each stretch of
+     * gridDim.x: its own position in even rounds, the mirror one in odd rounds (a snake: the block
+     * with the heaviest item of one round has the lightest of the next, so that the blocks' sums
+     * stay close as the items get lighter). The plain grid has a block per item, one round: item
+     * blockIdx.x, stage 12's order (blocks start in that order, the longest first). The persistent
+     * grid has a block per SM, each with many rounds. -1: past the last item. */
+    const int Tr = CEIL_DIV(N, Br), items = Tr * BH;
+    auto item = [&](int round) {
+        const long long w = (long long)round * gridDim.x +
+                            (round & 1 ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
+        return w < items ? (int)w : -1;
+    };
+    /* item w's head (the tensor maps' outermost coordinate), first query row, and K/V tiles: all of
+     * them, or (causal) up to the one holding its last row */
+    const int Tc = CEIL_DIV(N, Bc);
+    struct work { int bh, q0, n_tiles; };
+    auto work_of = [&](int w) {
+        const int i = causal ? Tr - 1 - w / BH : w / BH, q0 = i * Br;
+        return work{w % BH, q0, causal ? min(Tc, (min(q0 + Br, N) - 1) / Bc + 1) : Tc};
+    };
+    work_tally<COUNT> tally;
+
+    /* The barriers, by one thread: full[s] completes a phase when the producer has arrived (1) and
+     * the bytes it announced have landed; empty[s] when each of the NWARPS consumer warps has
+     * arrived once (one lane per warp, after the warp's wait for its wgmma); Q_empty likewise,
+     * after the warp's O rows have left through Q_i. */
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], NWARPS);
+        mbar_init(Q_full, 1), mbar_init(Q_empty, NWARPS);
+        mbar_fence_init(); /* visible to the copy engine, which completes them */
+    }
+    __syncthreads(); /* the barriers initialized before any thread waits on them or issues a copy;
+                      * the last barrier of the whole block (the producer's idle warps leave) */
+
+    if (wg == NWARPGROUPS) {
+        /* ---- the producer: one thread issues every copy, the rest of the warpgroup leaves ---- */
+        setmaxnreg_dec<PRODUCER_REGS>(); /* the whole warpgroup, together: its registers to the pool */
+        if (tid == NWARPS * WARP_SIZE) {
+            tma_prefetch_map(&tmap_Q), tma_prefetch_map(&tmap_K), tma_prefetch_map(&tmap_V);
+            int it0 = 0; /* K/V tiles copied for this block's earlier items: the ring runs on across items */
+            for (int nth = 0, w; (w = item(nth)) >= 0; nth++) {
+                const work W = work_of(w);
+                /* K_j, V_j, this item's tile j, the block's tile it = it0 + j, into stage it % STAGES,
+                 * the (it / STAGES)-th time round the ring. From the second round on the stage must
+                 * first be empty: its previous tile, it - STAGES, read by every consumer warp, the
+                 * phase (it / STAGES - 1) of empty[s]. */
+                auto load_kv = [&](int j) {
+                    const int s = (it0 + j) % STAGES, round = (it0 + j) / STAGES;
+                    if (round > 0) mbar_wait(&empty[s], (round - 1) & 1);
+                    mbar_arrive_expect_tx(&full[s], 2 * TILE_BYTES); /* K_j and V_j: the phase ends when both land */
+                    for (int cb = 0; cb < HeadDim / 64; cb++) {
+                        tma_load_3d(K_buf + s * Bc * HeadDim + cb * Bc * 64, &tmap_K, &full[s], cb * 64, j * Bc, W.bh);
+                        tma_load_3d(V_buf + s * Bc * HeadDim + cb * Bc * 64, &tmap_V, &full[s], cb * 64, j * Bc, W.bh);
+                    }
+                };
+                /* Q_i's buffer is where the previous item's O rows leave from (the epilogue), so the
+                 * nth Q_i waits for the (nth - 1)-th phase of Q_empty. Before that wait, the tiles whose
+                 * stages the previous items free (j < STAGES: their stage's last tile is an earlier
+                 * item's, released before its epilogue), so that they are in by the time Q_i is;
+                 * tiles j >= STAGES need this item's consumers, so they come after Q_i. */
+                const int early = nth == 0 ? 0 : min(W.n_tiles, STAGES);
+                for (int j = 0; j < early; j++) load_kv(j);
+                if (nth > 0) mbar_wait(Q_empty, (nth - 1) & 1);
+                /* Q_i: HeadDim / 64 boxes of 64 columns x Br rows, one per column block */
+                mbar_arrive_expect_tx(Q_full, 2 * Br * HeadDim);
+                for (int cb = 0; cb < HeadDim / 64; cb++)
+                    tma_load_3d(Q_i + cb * Br * 64, &tmap_Q, Q_full, cb * 64, W.q0, W.bh);
+                for (int j = early; j < W.n_tiles; j++) load_kv(j);
+                it0 += W.n_tiles;
+            }
+        }
+        return; /* the copies in flight finish on their own; the consumers wait for them */
+    }
+
+    /* ---- the consumers: stage 11's loop, without a load or a block barrier ---- */
+    setmaxnreg_inc<CONSUMER_REGS>(); /* both warpgroups, each together: the producer's registers */
+
+    /* The turns (PINGPONG). Warpgroup wg waits for its turn at named barrier TURN_BAR + wg, which
+     * completes when its own 128 threads (bar.sync) and the other warpgroup's 128 (bar.arrive) have
+     * come: turn_begin. Once its wgmma are issued it gives the turn away, an arrival on the other's
+     * barrier: turn_end. Warpgroup 1 hands the first turn to warpgroup 0 with an arrival before
+     * anything else; from then on they alternate, and neither can arrive twice on a barrier before
+     * the other has synced there once (an arrival follows a turn, and each turn waits for the
+     * other's arrival), so every phase of each barrier is exactly one sync and one arrival.
+     *
+     * The counts. Each warpgroup takes one turn per S = Q K^T it issues, n_tiles per work item, and
+     * ends each with one arrival. Both warpgroups have the same n_tiles on every item: it is the
+     * block's (from the Q tile's last row), not the warpgroup's. Under a causal mask warpgroup 0's
+     * rows end 64 rows earlier, so its last K/V tile can be wholly masked (P_ij = 0), and at the
+     * tail rows past N are zeros of Q_i: it computes them all the same, and the turns and the
+     * ring's empty barriers (8 warps per stage) count on that. A warpgroup that skipped a tile
+     * would still have to take that turn (sync and arrive with no wgmma between) and release the
+     * stage, or the other would wait forever. So over the block, warpgroup 0 syncs T times on its
+     * barrier and warpgroup 1 arrives there 1 + T times (the first turn, handed over, and one per
+     * turn): after the last item warpgroup 0 takes the turn nobody will use, and each barrier ends
+     * on a whole phase. Warpgroup 1's barrier: T arrivals from warpgroup 0, T syncs. The last P_ij
+     * V_j of an item is issued outside a turn: it has no S with it, and holding the other
+     * warpgroup for it would only delay the other's next S. */
+    auto turn_begin = [&] {
+        if constexpr (PINGPONG) named_barrier_sync(TURN_BAR + wg, 2 * WARPGROUP);
+    };
+    auto turn_end = [&] {
+        if constexpr (PINGPONG) named_barrier_arrive(TURN_BAR + (1 - wg), 2 * WARPGROUP);
+    };
+    if (wg == 1) turn_end(); /* the first turn is warpgroup 0's */
+
+    int it0 = 0; /* K/V tiles this block's consumers have had in earlier items (the ring's count) */
+    for (int nth = 0, w; (w = item(nth)) >= 0; nth++) {
+        const work W = work_of(w);
+        const int q0 = W.q0, n_tiles = W.n_tiles; /* first query row of this tile; its K/V tiles */
+        T *O = O_all + (size_t)W.bh * N * HeadDim;
+        float *L = L_all + (size_t)W.bh * N;
+
+        /* This lane's rows are row0 + 16 mt + 8 h + g (mt < M_TILES, h = 0, 1). m_i is the running
+         * max of the raw scores (not yet scaled); l_i is this lane's part of the row sum (its 2 of
+         * every 8 columns), added across the quad only at the end. P_ij is the A operand of
+         * O_i += P_ij V_j, packed to 16 bits. */
+        float O_acc[M_TILES][DT][4] = {};
+        float m_i[M_TILES][2], l_i[M_TILES][2];
+#pragma unroll
+        for (int mt = 0; mt < M_TILES; mt++) m_i[mt][0] = m_i[mt][1] = -INFINITY, l_i[mt][0] = l_i[mt][1] = 0.f;
+        uint32_t P_ij[Bc / 16][4];
+
+        /* Tile j's K_j, V_j have landed in ring stage (it0 + j) mod STAGES: the ((it0 + j) / STAGES)-th
+         * phase of its full barrier. The copy engine wrote them through the async proxy, the proxy
+         * wgmma reads through: no fence, and no block barrier. */
+        auto next_tile = [&](int j) { mbar_wait(&full[(it0 + j) % STAGES], ((it0 + j) / STAGES) & 1); };
+        /* This warp is done with tile j's ring stage: it has waited for every wgmma that read K_j and
+         * V_j. One arrival per warp: the last of the NWARPS frees the stage for tile j + STAGES. */
+        auto release = [&](int j) {
+            if (lane == 0) mbar_arrive(&empty[(it0 + j) % STAGES]);
+        };
+
+        /* S_ij = Q_i K_j^T, masked, through the online softmax into P_ij; O_i rescaled. */
+        auto scores = [&](int j) {
+            const uint64_t K_j = wgmma_desc_step(K_desc, ((it0 + j) % STAGES) * TILE_BYTES);
+            const int key0 = j * Bc; /* first key of this tile */
+            /* S_ij = Q_i K_j^T (raw: the scale is applied inside the exponential), this warpgroup's
+             * 64 rows: one m64nBck16 wgmma per k16 step of the head dim, the first one overwriting
+             * S_ij (accumulate = 0), all in one group. S_ij[0] and O_acc[0]: a warp's one row tile.
+             * With the loop turned O_i += P_{i,j-1} V_{j-1} is still running: the tensor cores take
+             * this group right after it, and the wait covers both. */
+            float S_ij[M_TILES][KT][4];
+            wgmma_fence(); /* S_ij's registers were last written by ordinary instructions (tile j-1) */
+#pragma unroll
+            for (int k = 0; k < HeadDim / 16; k++)
+                wgmma_ss<T, Bc, 0>(S_ij[0], wgmma_desc_step(Q_desc, sw128_kmajor_step<Br>(k)),
+                                   wgmma_desc_step(K_j, sw128_kmajor_step<Bc>(k)), k > 0);
+            wgmma_commit();
+            turn_end(); /* this turn's wgmma are issued: the tensor cores are the other warpgroup's next */
+            wgmma_wait<0>(); /* S_ij in registers (and O_i += P_{i,j-1} V_{j-1} done) */
+            wgmma_hold(S_ij[0]);
+            wgmma_hold(O_acc[0]);
+            wgmma_hold(P_ij);
+            if (TURNED && j > 0) release(j - 1); /* O_i += P_{i,j-1} V_{j-1} has read V_{j-1} */
+
+            /* Masks, only on the tiles that need them: the tail tile (keys past N) and, when causal,
+             * the tiles that cross the diagonal (some key after some query of this tile). */
+            if (key0 + Bc > N || (causal && key0 + Bc - 1 > q0)) {
+    #pragma unroll
+                for (int mt = 0; mt < M_TILES; mt++)
+    #pragma unroll
+                    for (int nt = 0; nt < KT; nt++)
+    #pragma unroll
+                        for (int c = 0; c < 4; c++) {
+                            const int key = key0 + nt * 8 + 2 * t + (c & 1);
+                            const int query = q0 + row0 + mt * 16 + 8 * (c >> 1) + g;
+                            if (key >= N || (causal && key > query)) S_ij[mt][nt][c] = -INFINITY;
+                        }
+            }
+
+            /* The online softmax per row, in registers (stage 8's, with the scale folded in):
+             *   m_new = max(m_i, rowmax(S_ij));  base = scale * m_new * log2(e)
+             *   P_ij  = exp2(scale_log2 * S_ij - base)          one FFMA and one MUFU per score
+             *   alpha = exp2(scale_log2 * m_i - base);  l_i = alpha l_i + rowsum(P_ij);  O_i *= alpha
+             * A row masked so far has m_new = -inf: base = 0, so P_ij = exp2(-inf) = 0, not NaN. */
+    #pragma unroll
+            for (int mt = 0; mt < M_TILES; mt++)
+    #pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    float mx = m_i[mt][h];
+    #pragma unroll
+                    for (int nt = 0; nt < KT; nt++) mx = fmaxf(mx, fmaxf(S_ij[mt][nt][2 * h], S_ij[mt][nt][2 * h + 1]));
+                    mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1)); /* the quad holds the row */
+                    mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
+                    const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
+                    const float alpha = exp2_approx(m_i[mt][h] * scale_log2 - base);
+                    m_i[mt][h] = mx;
+                    float sum = 0.f;
+    #pragma unroll
+                    for (int nt = 0; nt < KT; nt++) {
+                        const float p0 = exp2_approx(fmaf(S_ij[mt][nt][2 * h], scale_log2, -base));
+                        const float p1 = exp2_approx(fmaf(S_ij[mt][nt][2 * h + 1], scale_log2, -base));
+                        S_ij[mt][nt][2 * h] = p0, S_ij[mt][nt][2 * h + 1] = p1;
+                        sum += p0 + p1;
+                    }
+                    l_i[mt][h] = alpha * l_i[mt][h] + sum;
+    #pragma unroll
+                    for (int nt = 0; nt < DT; nt++) O_acc[mt][nt][2 * h] *= alpha, O_acc[mt][nt][2 * h + 1] *= alpha;
+                    if (t == 0 && q0 + row0 + mt * 16 + 8 * h + g < N) tally.add(CNT_ROW_CORRECT);
+                }
+            /* P_ij packed into 16-bit A fragments: two n8 key tiles' C layout is one k16 step's A
+             * layout (wgmma.cuh) */
+#pragma unroll
+            for (int kb = 0; kb < Bc / 16; kb++) {
+                P_ij[kb][0] = M::pack(S_ij[0][2 * kb][0], S_ij[0][2 * kb][1]);
+                P_ij[kb][1] = M::pack(S_ij[0][2 * kb][2], S_ij[0][2 * kb][3]);
+                P_ij[kb][2] = M::pack(S_ij[0][2 * kb + 1][0], S_ij[0][2 * kb + 1][1]);
+                P_ij[kb][3] = M::pack(S_ij[0][2 * kb + 1][2], S_ij[0][2 * kb + 1][3]);
+            }
+        };
+
+        /* The loop, turned so that O_i += P_ij V_j is issued and left running while the warpgroup
+         * waits for the next tile and issues the next S = Q K^T:
+         *   tile 0:          wait for it, S_i0 -> P_i0
+         *   tile j:          O_i += P_ij V_j (issued) | wait for tile j+1, S_{i,j+1} -> P_{i,j+1}
+         * So a stage is released one tile late: V_j is read until the wait for S_{i,j+1}, after which
+         * scores releases tile j (the last tile, after the loop). Not turned (d = 256, configuration
+         * above), P_ij V_j is waited for at once and tile j released then.
+         * With PINGPONG each S = Q K^T is issued in a turn, with the P V before it: the warpgroup
+         * first waits for its tile (it never holds the turn while it waits on the copy engine), then
+         * for its turn, issues, and gives the turn away (in scores) before it waits for its wgmma. */
+        mbar_wait(Q_full, nth & 1); /* Q_i has landed (the block's nth Q_i; no fence, as for K_j, V_j) */
+        next_tile(0);
+        turn_begin();
+        scores(0);
+        for (int j = 0; j < n_tiles; j++) {
+            if (PINGPONG && j + 1 < n_tiles) {
+                next_tile(j + 1);
+                turn_begin(); /* P_ij V_j and S_{i,j+1} go to the tensor cores in this turn */
+            }
+            /* O_i += P_ij V_j: one m64nDk16 wgmma per k16 step of keys, all in one group */
+            const uint64_t V_j = wgmma_desc_step(V_desc, ((it0 + j) % STAGES) * TILE_BYTES);
+            wgmma_hold(O_acc[0]);
+            wgmma_hold(P_ij);
+            wgmma_fence(); /* O_acc (rescaled) and P_ij were just written by ordinary instructions */
+#pragma unroll
+            for (int kb = 0; kb < Bc / 16; kb++)
+                wgmma_rs<T, HeadDim, 1>(O_acc[0], P_ij[kb], wgmma_desc_step(V_j, sw128_mnmajor_step(kb)), 1);
+            wgmma_commit();
+            if constexpr (!TURNED) {
+                wgmma_wait<0>(); /* O_i updated; V_j and P_ij read */
+                wgmma_hold(O_acc[0]);
+                wgmma_hold(P_ij);
+                release(j);
+            }
+            if (j + 1 < n_tiles) {
+                if (!PINGPONG) next_tile(j + 1);
+                scores(j + 1);
+            }
+        }
+        wgmma_wait<0>(); /* the last O_i += P_ij V_j */
+        wgmma_hold(O_acc[0]);
+        if constexpr (TURNED) release(n_tiles - 1); /* (no copy waits for it: released all the same,
+                                                      * so that every tile is released once) */
+
+        /* The one normalization, O_i / l_i, and L = scale * m + log(l) in nats. O goes through this
+         * warp's own rows of the Q tile in shared memory, then out in 16-byte stores along each row. */
+        named_barrier_sync(1 + wg, WARPGROUP); /* a warpgroup's wgmma reads all 64 of its rows of Q_i: no
+                                                * warp overwrites its rows before every warp of its
+                                                * warpgroup is past its last wgmma (a barrier of the
+                                                * warpgroup alone: the producer has left) */
+#pragma unroll
+        for (int mt = 0; mt < M_TILES; mt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float sum = l_i[mt][h];
+                sum += __shfl_xor_sync(FULL_MASK, sum, 1);
+                sum += __shfl_xor_sync(FULL_MASK, sum, 2);
+                const float inv_l = sum > 0.f ? 1.f / sum : 0.f; /* an all-masked row gives O = 0 */
+                const int r = row0 + mt * 16 + 8 * h + g, query = q0 + r;
+                if (t == 0 && query < N) {
+                    tally.add(CNT_ROW_NORMALIZE);
+                    L[query] = m_i[mt][h] * scale_log2 * LN2 + logf(sum);
+                }
+#pragma unroll
+                for (int nt = 0; nt < DT; nt++)
+                    *(uint32_t *)&Q_i[sw128<Br>(r, nt) + 2 * t] =
+                        M::pack(O_acc[mt][nt][2 * h] * inv_l, O_acc[mt][nt][2 * h + 1] * inv_l);
+            }
+        __syncwarp(); /* this warp's O rows in shared memory before its lanes copy them out */
+        constexpr int CHUNKS = HeadDim / 8;
+        for (int c = lane; c < Tiles::ROWS_PER_WARP * CHUNKS; c += WARP_SIZE) {
+            const int r = row0 + c / CHUNKS, chunk = c % CHUNKS, query = q0 + r;
+            if (query < N)
+                *(uint4 *)&O[(size_t)query * HeadDim + chunk * 8] = *(const uint4 *)&Q_i[sw128<Br>(r, chunk)];
+        }
+        /* This warp's rows of Q_i are free for the next item's Q_i: its lanes' ordinary reads and
+         * writes of them (generic proxy) ordered before the copy engine's write (async proxy), then
+         * one arrival per warp on Q_empty, which the producer waits for */
+        fence_proxy_async_smem();
+        __syncwarp();
+        if (lane == 0) mbar_arrive(Q_empty);
+        it0 += n_tiles;
+    }
+    if (wg == 0) turn_begin(); /* the turn warpgroup 1 handed over last, which nobody takes (the counts) */
+    tally.flush(counters);
+}
+
+/* ---- launcher ---- */
+
+/* Rows of K (and V) read for the Q tiles of one head: each Q tile reads the K/V tiles it sees. */
+template <int HeadDim>
+double kv_rows_read(const struct shape *sh)
+{
+    typedef tiles<HeadDim> Tiles;
+    const int N = sh->N, Tr = CEIL_DIV(N, Tiles::Br), Tc = CEIL_DIV(N, Tiles::Bc);
+    double rows = 0;
+    for (int i = 0; i < Tr; i++) {
+        const int n_tiles = sh->causal ? std::min(Tc, (std::min((i + 1) * Tiles::Br, N) - 1) / Tiles::Bc + 1) : Tc;
+        rows += std::min(n_tiles * Tiles::Bc, N);
+    }
+    return rows;
+}
+
+/* The HBM bytes the loop structure moves: Q once; K_j, V_j once per Q tile that sees them; O and L
+ * once. (16-bit elements in both dtypes.) */
+void hbm_bytes(const struct shape *sh, struct hbm_traffic *t)
+{
+    const double kv_rows = sh->d == 64 ? kv_rows_read<64>(sh) : sh->d == 128 ? kv_rows_read<128>(sh)
+                           : kv_rows_read<256>(sh);
+    const double heads = (double)sh->B * sh->H, d = sh->d, N = sh->N;
+    t->Q = heads * N * d * 2;
+    t->KV = heads * 2.0 * kv_rows * d * 2;
+    t->O = heads * N * d * 2;
+    t->O_work = 0;
+    t->rowstats = heads * N * sizeof(float); /* L */
+    t->q_reads = 1;
+}
+
+/* The grid, from the environment, read once per run: STAGE13_PERSISTENT=1 (or unset) a persistent
+ * grid, a block per SM each looping over its work items (one block per item where there are
+ * fewer); STAGE13_PERSISTENT=0 a block per item, stage 12's grid. STAGE13_BLOCKS=n gives the
+ * persistent grid n blocks instead of one per SM: the tests take 1 and 3, so that a block runs
+ * many items one after another on small problems. Returns 0 with the number of blocks in *blocks,
+ * or ATTN_UNSUPPORTED or ATTN_CUDA_ERROR with the reason in why. */
+int grid_blocks(long long items, long long *blocks, char *why, size_t n)
+{
+    static long long persistent = -1; /* 0: the plain grid; else the persistent grid's blocks */
+    if (persistent < 0) {
+        const char *p = getenv("STAGE13_PERSISTENT"), *b = getenv("STAGE13_BLOCKS");
+        if (p && *p && strcmp(p, "0") && strcmp(p, "1")) {
+            snprintf(why, n, "STAGE13_PERSISTENT=%s: expected 0 (a block per Q tile and head) or 1 (a block per SM, "
+                     "the default)", p);
+            return ATTN_UNSUPPORTED;
+        }
+        char *end = NULL;
+        const long long want = b && *b ? strtoll(b, &end, 10) : 0;
+        if (b && *b && (*end || want < 1 || want > 2147483647LL)) {
+            snprintf(why, n, "STAGE13_BLOCKS=%s: expected the persistent grid's blocks, 1 to 2^31 - 1", b);
+            return ATTN_UNSUPPORTED;
+        }
+        int dev = 0, sms = 0;
+        CUDA_TRY(cudaGetDevice(&dev));
+        CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        persistent = p && !strcmp(p, "0") ? 0 : want ? want : sms;
+    }
+    *blocks = persistent ? std::min(items, persistent) : items;
+    return 0;
+}
+
+template <typename T, int HeadDim, bool COUNT>
+int launch(const struct attn_args *a, char *why, size_t n)
+{
+    typedef tiles<HeadDim> Tiles;
+    const size_t smem = Tiles::bytes;
+    if (int rc = smem_optin(stage13_pingpong_kernel<T, HeadDim, COUNT>, smem, HeadDim, why, n)) return rc;
+
+    const struct shape *sh = &a->sh;
+    const long long bh = (long long)sh->B * sh->H;
+    const long long items = bh * CEIL_DIV(sh->N, Tiles::Br); /* (Q tile, head): the kernel's work items */
+    if (items > 2147483647LL) {
+        snprintf(why, n, "batch * heads * Q tiles = %lld is more work items than the kernel counts (2^31 - 1)", items);
+        return ATTN_UNSUPPORTED;
+    }
+    long long blocks;
+    if (int rc = grid_blocks(items, &blocks, why, n)) return rc;
+    /* The tensor maps, made on the host for this call's tensors (a few microseconds of CPU, no
+     * GPU work) and passed by value: Q's boxes are Br rows, K's and V's Bc. */
+    CUtensorMap tmap_Q, tmap_K, tmap_V;
+    if (int rc = tma_map_heads<T>(&tmap_Q, (const T *)a->Q, bh, sh->N, HeadDim, Tiles::Br, why, n)) return rc;
+    if (int rc = tma_map_heads<T>(&tmap_K, (const T *)a->K, bh, sh->N, HeadDim, Tiles::Bc, why, n)) return rc;
+    if (int rc = tma_map_heads<T>(&tmap_V, (const T *)a->V, bh, sh->N, HeadDim, Tiles::Bc, why, n)) return rc;
+    /* one dimension: the kernel numbers the items itself, heaviest first */
+    const dim3 grid((unsigned)blocks);
+    const dim3 block(Tiles::NTHREADS);
+    stage13_pingpong_kernel<T, HeadDim, COUNT><<<grid, block, smem>>>(
+        tmap_Q, tmap_K, tmap_V, (T *)a->O, a->L, sh->N, (int)bh, sh->causal, sh->scale * LOG2E, a->counters);
+    CUDA_TRY(cudaGetLastError());
+    return 0;
+}
+
+/* dtype, head dim and counting build -> the kernel's template arguments */
+template <typename T, bool COUNT>
+int dispatch_d(const struct attn_args *a, char *why, size_t n)
+{
+    switch (a->sh.d) {
+    case 64: return launch<T, 64, COUNT>(a, why, n);
+    case 128: return launch<T, 128, COUNT>(a, why, n);
+    case 256: return launch<T, 256, COUNT>(a, why, n);
+    }
+    snprintf(why, n, "supports head dim 64, 128 or 256 (got d=%d)", a->sh.d);
+    return ATTN_UNSUPPORTED;
+}
+
+template <typename T>
+int dispatch(const struct attn_args *a, char *why, size_t n)
+{
+    return a->counters ? dispatch_d<T, true>(a, why, n) : dispatch_d<T, false>(a, why, n);
+}
+
+int forward(const struct attn_args *a, char *why, size_t n)
+{
+    if (a->dtype == DT_F16) return dispatch<__half>(a, why, n);
+    if (a->dtype == DT_BF16) return dispatch<__nv_bfloat16>(a, why, n);
+    snprintf(why, n, "supports fp16 and bf16 (got %s)", dtype_name(a->dtype));
+    return ATTN_UNSUPPORTED;
+}
+
+} // namespace
+
+extern "C" const struct stage stage13_desc = {
+    .name = "stage13",
+    .idea = "Hopper: the consumer warpgroups take turns at the tensor cores (ping-pong), a persistent grid",
+    .device = ON_GPU,
+    .forward = forward,
+    .backward = NULL,
+    .dims = {64, 128, 256},
+    .dtypes = DT_F16 | DT_BF16,
+    .workspace_bytes = NULL,
+    .openmp = 0,
+    .hbm_traffic = hbm_bytes,
+    .measures_backward = 0,
+    .arch_sm = 90,
+};
