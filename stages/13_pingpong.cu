@@ -67,9 +67,8 @@ namespace {
  * S = Q K_{j+1}^T, so a consumer holds two stages (V_j still being read, and tile j+1) and frees
  * tile j's only at the wait for S_{i,j+1}; the copy engine fills the other STAGES - 2. One block
  * per SM (the registers), so shared memory beside Q_i is spent on the ring:
- *   d = 64:  Bc = 64, 8 stages: 16 + 8 x 16 = 144 KiB, the bytes (and keys ahead) of the earlier
- *            ring of 4 stages of 128 keys; a tile here is short (~0.7 us at stage 11's speed), and
- *            the copies' latency is hidden only several tiles ahead.
+ *   d = 64:  Bc = 128, 4 stages: 16 + 4 x 32 = 144 KiB (stage 12's choice: Bc = 64 with 8 stages
+ *            measured 0.84-0.88x of it there).
  *   d = 128: Bc = 128, 3 stages: 32 + 3 x 64 = 224 KiB, as many as fit.
  *   d = 256: Bc = 64, 2 stages: 64 + 2 x 64 = 192 KiB (three do not fit); not turned, so that
  *            tile j's stage is freed as soon as P_ij V_j is done and tile j+2 has the whole of tile
@@ -94,7 +93,7 @@ constexpr int TURN_BAR = 3;
 template <int HeadDim>
 struct cfg;
 template <>
-struct cfg<64> { static constexpr int Bc = 64, STAGES = 8, TURNED = 1, PINGPONG = 1; }; /* O 32 + S 32 + P 16 */
+struct cfg<64> { static constexpr int Bc = 128, STAGES = 4, TURNED = 1, PINGPONG = 1; }; /* O 32 + S 32 + P 16 */
 template <>
 struct cfg<128> { static constexpr int Bc = 128, STAGES = 3, TURNED = 1, PINGPONG = 1; };  /* O 64 + S 64 + P 32 */
 template <>
