@@ -21,6 +21,7 @@
 #                   build afterwards).
 # $GPU_SUITES_LIB (default .gpu/lib where it exists): shared libraries the programs need that the
 # machine lacks (Criterion and its dependencies, as a bundle of programs carries them).
+# $GPU_SUITES_TIMEOUT: seconds a suite may run before it is stopped and fails (default: no limit).
 # Exit status: 0 when every suite asked for passed, 1 when one failed, 2 on bad usage.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -102,6 +103,7 @@ report() { # NAME RC SECONDS LOG WHAT
     local verdict=PASS synth
     [ "$2" = 0 ] || { verdict=FAIL; failed=1; }
     synth=$(grep -a "Synthesis:" "$4" | tail -1 | sed 's/.*Synthesis: //')
+    [ "$2" = 124 ] && synth="stopped at GPU_SUITES_TIMEOUT=${GPU_SUITES_TIMEOUT:-0} s"
     summary+=("$verdict ($1) $5, $3 s | ${synth:-rc $2: $(tail -1 "$4")} | $4")
     echo "${summary[-1]}"
 }
@@ -113,7 +115,7 @@ suite() {
     local t0=$SECONDS tests rc
     tests=$(cd "$(dirname "$(tests_in "$dir")")" && pwd)/attn_tests
     echo "== ($name) $what: $* $tests --jobs=$jobs" | tee "$log"
-    (cd "$dir" && env "$@" "$tests" --jobs="$jobs") >> "$log" 2>&1
+    (cd "$dir" && env "$@" timeout "${GPU_SUITES_TIMEOUT:-0}" "$tests" --jobs="$jobs") >> "$log" 2>&1
     rc=$?
     report "$name" $rc $((SECONDS - t0)) "$log" "$what"
 }
