@@ -72,17 +72,20 @@ bin=${GPU_SUITES_BIN:-}
 bin75=${GPU_SUITES_BIN75:-}
 [ -z "$bin75" ] && { [ -x .gpu75/attn_tests ] && bin75=.gpu75 || bin75=build75/bin; }
 
-# The compute_75 programs, built here when missing: the Makefile links the programs of the build
-# it makes at the root, so they are copied aside and the default build's linked back.
+# The compute_75 programs in build75/bin, made (or brought up to date) here where there is nvcc:
+# the Makefile links the programs of the build it makes at the root, so they are copied aside and
+# the default build's linked back.
 need75=0
 for s in "${suites[@]}"; do [ "$s" = c ] || [ "$s" = sanitize ] && need75=1; done
-if [ $need75 = 1 ] && [ ! -x "$(tests_in "$bin75")" ]; then
-    if [ "$bin75" != build75/bin ] || ! command -v "${NVCC:-nvcc}" >/dev/null 2>&1; then
+have_nvcc=0
+command -v "${NVCC:-nvcc}" >/dev/null 2>&1 && have_nvcc=1
+if [ $need75 = 1 ] && { [ "$bin75" = build75/bin ] && [ $have_nvcc = 1 ] || [ ! -x "$(tests_in "$bin75")" ]; }; then
+    if [ "$bin75" != build75/bin ] || [ $have_nvcc = 0 ]; then
         echo "gpu_suites.sh: no compute_75 programs in $bin75 (and no nvcc here to build them): build them with" \
              "make CUDA_ARCH=75 PTX_ONLY=1 BUILD=build75 all, and copy stage* and tests/attn_tests to build75/bin" >&2
         exit 2
     fi
-    echo "== building the compute_75 PTX programs (build75/bin)"
+    echo "== the compute_75 PTX programs (build75/bin): make CUDA_ARCH=75 PTX_ONLY=1 BUILD=build75 all"
     if ! { make -j"$jobs" CUDA_ARCH=75 PTX_ONLY=1 BUILD=build75 all && mkdir -p build75/bin &&
            cp -f stage[0-9] stage[0-9][0-9] tests/attn_tests build75/bin/ && make -j"$jobs" all; } > "$logdir/build75.log" 2>&1; then
         echo "gpu_suites.sh: the build failed: $logdir/build75.log" >&2
@@ -91,6 +94,10 @@ if [ $need75 = 1 ] && [ ! -x "$(tests_in "$bin75")" ]; then
 fi
 need=0
 for s in "${suites[@]}"; do [ "$s" = a ] || [ "$s" = b ] && need=1; done
+if [ $need = 1 ] && [ "$bin" = . ] && [ $have_nvcc = 1 ]; then
+    echo "== the default build: make all"
+    make -j"$jobs" all > "$logdir/build.log" 2>&1 || { echo "gpu_suites.sh: the build failed: $logdir/build.log" >&2; exit 1; }
+fi
 if [ $need = 1 ] && [ ! -x "$(tests_in "$bin")" ]; then
     echo "gpu_suites.sh: no test program in $bin: make -j all (or bundle the programs, GPU_SUITES_BIN)" >&2
     exit 2
@@ -147,7 +154,7 @@ sanitize() {
     # the shapes `make sanitize` runs for each stage, as the Makefile lists them
     # shellcheck disable=SC2016 # $(...) are make's, expanded by make
     cases=$(make -s --no-print-directory --eval 'gpu-suites-sanitize-cases: ; @$(foreach b,'"$bins"',for s in $(or $(SANITIZE_BASE_$(b)),$(SANITIZE_SHAPES)) $(SANITIZE_SHAPES_$(b)); do echo "$(b) $$s"; done;)' \
-            gpu-suites-sanitize-cases) || { echo "make could not list the sanitize shapes" >> "$log"; report sanitize 1 0 "$log" "compute-sanitizer"; return; }
+            gpu-suites-sanitize-cases) || { echo "GNU make could not list the sanitize shapes (make is needed for the Makefile's SANITIZE_* lists)" >> "$log"; report sanitize 1 0 "$log" "compute-sanitizer"; return; }
     local k=0
     while read -r b shape; do
         for tool in memcheck racecheck synccheck; do
