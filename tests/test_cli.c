@@ -502,6 +502,7 @@ Test(cli, arch_stage_elsewhere_exits_3)
     if (!no_device && !gpu_arch_check(st->arch_sm, st->name, why, sizeof why))
         cr_skip_test("this GPU is the one %s is built for: it runs (stages::vs_stage1 checks it)", st->name);
     snprintf(bin, sizeof bin, "./%s", st->name);
+    if (access(bin, X_OK) != 0) cr_skip_test("%s is not built here", bin);
     test_path(save, sizeof save, "save");
     struct test_proc p;
     test_spawn((char *[]){bin, "--seqlen", "64", "--batch", "1", "--heads", "2", "--save", save, NULL}, &p);
