@@ -21,7 +21,8 @@
 #                   build afterwards).
 # $GPU_SUITES_LIB (default .gpu/lib where it exists): shared libraries the programs need that the
 # machine lacks (Criterion and its dependencies, as a bundle of programs carries them).
-# $GPU_SUITES_TIMEOUT: seconds a suite may run before it is stopped and fails (default: no limit).
+# $GPU_SUITES_TIMEOUT: seconds a suite may run before it is stopped and fails (default: no limit;
+# the sanitizer starts no case after it and stops those running).
 # Exit status: 0 when every suite asked for passed, 1 when one failed, 2 on bad usage.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -139,7 +140,7 @@ stage_numbers() {
 # own, --jobs at a time. A case passes with exit 0; exit 2 is the stage refusing the case in one
 # line, as designed on this device (bf16 on Turing's code, --deterministic where its dQ kernel does
 # not fit, d = 256's backward): counted as refused, its line in the log; anything else fails, and
-# so does a run where no case passed. A case may run 300 s.
+# so does a run where no case passed. A case may run 300 s (less where GPU_SUITES_TIMEOUT ends first).
 sanitize() {
     local t0=$SECONDS log=$logdir/sanitize.log dir=$logdir/sanitize
     local bins cases san_bin
@@ -163,16 +164,26 @@ sanitize() {
         done
     done <<< "$cases"
     san_bin=$(cd "$bin75" && pwd) || return
-    export ATTN_SMEM_CAP_KB=64 SAN_BIN=$san_bin
+    # GPU_SUITES_TIMEOUT bounds the whole: a case gets what is left of it, and one that has nothing
+    # left does not start
+    local deadline=0
+    [ "${GPU_SUITES_TIMEOUT:-0}" -gt 0 ] && deadline=$(($(date +%s) + GPU_SUITES_TIMEOUT))
+    export ATTN_SMEM_CAP_KB=64 SAN_BIN=$san_bin SAN_DEADLINE=$deadline
     # shellcheck disable=SC2016 # expanded by the bash that runs each case
     find "$dir" -name '*.case' -print0 | xargs -0 -P "$jobs" -n 1 bash -c '
         IFS=$'"'"'\t'"'"' read -r tool b shape < "$1"; out=${1%.case}.log
         echo "== compute-sanitizer --tool $tool ./$b $shape --batch 1 --heads 2 --warmup 0 --iters 1" > "$out"
+        limit=300
+        if [ "$SAN_DEADLINE" -gt 0 ]; then
+            left=$((SAN_DEADLINE - $(date +%s)))
+            [ $left -gt 0 ] || { echo "not run: GPU_SUITES_TIMEOUT is spent" >> "$out"; exit 0; }
+            [ $left -lt $limit ] && limit=$left
+        fi
         # shellcheck disable=SC2086
-        (cd "$SAN_BIN" && timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 1 "./$b" $shape --batch 1 \
+        (cd "$SAN_BIN" && timeout $limit compute-sanitizer --tool "$tool" --error-exitcode 1 "./$b" $shape --batch 1 \
             --heads 2 --warmup 0 --iters 1) >> "$out" 2>&1
         echo "rc=$?" >> "$out"' _
-    unset ATTN_SMEM_CAP_KB SAN_BIN
+    unset ATTN_SMEM_CAP_KB SAN_BIN SAN_DEADLINE
     local pass=0 skip=0 fail f rc
     for f in $(find "$dir" -name '*.log' | sort -V); do
         cat "$f" >> "$log"
