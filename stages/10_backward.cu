@@ -135,19 +135,36 @@ struct dq_tiles {
 };
 /* Per head dim, fastest first; registers per thread in the comment. The smaller ones trade load
  * reuse for shared memory: a smaller Bc (more barriers per key), then M_TILES = 1 (each K or V
- * fragment feeds one row tile). */
+ * fragment feeds one row tile).
+ * A choice to time on a GPU, nvcc -D: STAGE10_DQ_WIDE=1 puts first, at d = 64 and 128, one block
+ * of eight warps (Br = 256) per SM instead of two of four, with Bc = 64 at d = 128 (194 KiB, an
+ * H100 or H200 only; 130 KiB at d = 64): each K/V tile copied in serves twice the queries (half
+ * the K/V reads from L2 per product), and at d = 128 a barrier and a tile copy per 64 keys instead
+ * of 32 (5% fewer instructions per key, notes/10_backward.md), against a barrier across eight warps
+ * with no second block on the SM to fill its wait. */
+#ifndef STAGE10_DQ_WIDE
+#define STAGE10_DQ_WIDE 0
+#endif
 template <int HeadDim>
 struct dq_cfg;
 template <>
 struct dq_cfg<32> { typedef config_list<dq_tiles<32, 4, 2, 128, 64>,           /* 49 KiB; dQ 32 + S, dP 128 */
                                         dq_tiles<32, 4, 2, 64, 64>> list; };   /* 33 KiB */
 template <>
-struct dq_cfg<64> { typedef config_list<dq_tiles<64, 4, 2, 128, 64>,           /* 97 KiB; dQ 64 + S, dP 128 */
-                                        dq_tiles<64, 4, 2, 32, 32>,            /* 49 KiB */
-                                        dq_tiles<64, 4, 1, 32, 32>> list; };   /* 32.5 KiB */
+struct dq_cfg<64> { typedef config_list<
+#if STAGE10_DQ_WIDE
+                        dq_tiles<64, 8, 2, 128, 64>,                           /* 130 KiB */
+#endif
+                        dq_tiles<64, 4, 2, 128, 64>,                           /* 97 KiB; dQ 64 + S, dP 128 */
+                        dq_tiles<64, 4, 2, 32, 32>,                            /* 49 KiB */
+                        dq_tiles<64, 4, 1, 32, 32>> list; };                   /* 32.5 KiB */
 template <>
-struct dq_cfg<128> { typedef config_list<dq_tiles<128, 4, 2, 32, 32>,          /* 97 KiB; dQ 128 + S, dP 64 */
-                                         dq_tiles<128, 4, 1, 16, 16>> list; }; /* 48.5 KiB */
+struct dq_cfg<128> { typedef config_list<
+#if STAGE10_DQ_WIDE
+                         dq_tiles<128, 8, 2, 64, 32>,                          /* 194 KiB */
+#endif
+                         dq_tiles<128, 4, 2, 32, 32>,                          /* 97 KiB; dQ 128 + S, dP 64 */
+                         dq_tiles<128, 4, 1, 16, 16>> list; };                 /* 48.5 KiB */
 template <>
 struct dq_cfg<256> { typedef config_list<dq_tiles<256, 8, 1, 32, 32>,          /* 193 KiB; dQ 128 + S, dP 32 */
                                          dq_tiles<256, 8, 1, 16, 16>> list; }; /* 161 KiB */
@@ -567,6 +584,7 @@ stage10_dq_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__r
      * b * KV_BUF once per step and the sub-tile its rows once per sub-tile. */
     const unsigned smem_s = (unsigned)__cvta_generic_to_shared(smem);
     constexpr unsigned dO_OFF = Smem::dO_i - Smem::Q_i, V_OFF = Smem::V_j - Smem::K_j;
+    static_assert(dO_OFF % 128 == 0 && V_OFF % 128 == 0, "dO_i and V_j lie a multiple of 128 bytes after Q_i and K_j");
     constexpr unsigned KV_BUF = 2 * Bc * HeadDim; /* bytes of one K_j (or V_j) buffer */
     /* S, dP: Q_i (dO_i) rows row0.. as A fragments; K_j (V_j) rows as B fragments (the tile holds B^T) */
     const unsigned Q_A = swizzle_addr<HeadDim>(smem_s + Smem::Q_i, row0 + a_order_row(lane), a_order_chunk(lane));
@@ -596,18 +614,22 @@ stage10_dq_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__r
     float dQ_acc[M_TILES][DT][4] = {};
 
     /* C[mt][..] += A B^T over the head dim for this warp's rows and a sub-tile of Bs keys: A rows
-     * from A_at (Q_i or dO_i), B^T rows from B_at (K_j or V_j). Each B fragment serves M_TILES mma
-     * pairs. */
-    auto product = [&](float C[M_TILES][KT][4], unsigned A_at, unsigned B_at) {
+     * from A_at (Q_i) plus A_off (0, or dO_OFF for dO_i), B^T rows from B_at (K_j) plus B_off (0, or
+     * V_OFF for V_j). The offsets are constants added after the swizzle step, so they become
+     * ldmatrix immediates and both products use the same stepped addresses (the step XORs bits 4
+     * to 6 only, and the offsets, whole tiles, are multiples of 128 bytes: adding one commutes with
+     * the XOR). Each B fragment serves M_TILES mma pairs. */
+    auto product = [&](float C[M_TILES][KT][4], unsigned A_at, unsigned A_off, unsigned B_at, unsigned B_off) {
 #pragma unroll
         for (int k = 0; k < HeadDim; k += 16) {
             uint32_t Af[M_TILES][4];
 #pragma unroll
-            for (int mt = 0; mt < M_TILES; mt++) ldmatrix_x4_at(Af[mt], swizzle_step<HeadDim>(A_at, 16 * mt, k / 8));
+            for (int mt = 0; mt < M_TILES; mt++)
+                ldmatrix_x4_at(Af[mt], swizzle_step<HeadDim>(A_at, 16 * mt, k / 8) + A_off);
 #pragma unroll
             for (int kb = 0; kb < Bs / 16; kb++) {
                 uint32_t Bf[4]; /* Bf[0..1] keys 16 kb .. +7, Bf[2..3] keys 16 kb + 8 .. +15 */
-                ldmatrix_x4_at(Bf, swizzle_step<HeadDim>(B_at, 16 * kb, k / 8));
+                ldmatrix_x4_at(Bf, swizzle_step<HeadDim>(B_at, 16 * kb, k / 8) + B_off);
 #pragma unroll
                 for (int mt = 0; mt < M_TILES; mt++) {
                     M::mma(C[mt][2 * kb], Af[mt], &Bf[0]);
@@ -637,8 +659,8 @@ stage10_dq_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__r
 
             /* S = Q_i K_j^T and dP = dO_i V_j^T (raw: the scale is folded into the exponential) */
             float S[M_TILES][KT][4] = {}, dP[M_TILES][KT][4] = {};
-            product(S, Q_A, K_s);
-            product(dP, Q_A + dO_OFF, K_s + V_OFF);
+            product(S, Q_A, 0, K_s, 0);
+            product(dP, Q_A, dO_OFF, K_s, V_OFF);
 
             /* Masks, only where needed: S = -inf (so P = 0) where the key is past N or, causal, after
              * the query. C layout: S[mt][nt][c] is query q_w + 16 mt + g + 8 (c >> 1), key
