@@ -584,7 +584,6 @@ stage10_dq_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__r
      * b * KV_BUF once per step and the sub-tile its rows once per sub-tile. */
     const unsigned smem_s = (unsigned)__cvta_generic_to_shared(smem);
     constexpr unsigned dO_OFF = Smem::dO_i - Smem::Q_i, V_OFF = Smem::V_j - Smem::K_j;
-    static_assert(dO_OFF % 128 == 0 && V_OFF % 128 == 0, "dO_i and V_j lie a multiple of 128 bytes after Q_i and K_j");
     constexpr unsigned KV_BUF = 2 * Bc * HeadDim; /* bytes of one K_j (or V_j) buffer */
     /* S, dP: Q_i (dO_i) rows row0.. as A fragments; K_j (V_j) rows as B fragments (the tile holds B^T) */
     const unsigned Q_A = swizzle_addr<HeadDim>(smem_s + Smem::Q_i, row0 + a_order_row(lane), a_order_chunk(lane));
@@ -614,22 +613,18 @@ stage10_dq_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__r
     float dQ_acc[M_TILES][DT][4] = {};
 
     /* C[mt][..] += A B^T over the head dim for this warp's rows and a sub-tile of Bs keys: A rows
-     * from A_at (Q_i) plus A_off (0, or dO_OFF for dO_i), B^T rows from B_at (K_j) plus B_off (0, or
-     * V_OFF for V_j). The offsets are constants added after the swizzle step, so they become
-     * ldmatrix immediates and both products use the same stepped addresses (the step XORs bits 4
-     * to 6 only, and the offsets, whole tiles, are multiples of 128 bytes: adding one commutes with
-     * the XOR). Each B fragment serves M_TILES mma pairs. */
-    auto product = [&](float C[M_TILES][KT][4], unsigned A_at, unsigned A_off, unsigned B_at, unsigned B_off) {
+     * from A_at (Q_i or dO_i), B^T rows from B_at (K_j or V_j). Each B fragment serves M_TILES mma
+     * pairs. */
+    auto product = [&](float C[M_TILES][KT][4], unsigned A_at, unsigned B_at) {
 #pragma unroll
         for (int k = 0; k < HeadDim; k += 16) {
             uint32_t Af[M_TILES][4];
 #pragma unroll
-            for (int mt = 0; mt < M_TILES; mt++)
-                ldmatrix_x4_at(Af[mt], swizzle_step<HeadDim>(A_at, 16 * mt, k / 8) + A_off);
+            for (int mt = 0; mt < M_TILES; mt++) ldmatrix_x4_at(Af[mt], swizzle_step<HeadDim>(A_at, 16 * mt, k / 8));
 #pragma unroll
             for (int kb = 0; kb < Bs / 16; kb++) {
                 uint32_t Bf[4]; /* Bf[0..1] keys 16 kb .. +7, Bf[2..3] keys 16 kb + 8 .. +15 */
-                ldmatrix_x4_at(Bf, swizzle_step<HeadDim>(B_at, 16 * kb, k / 8) + B_off);
+                ldmatrix_x4_at(Bf, swizzle_step<HeadDim>(B_at, 16 * kb, k / 8));
 #pragma unroll
                 for (int mt = 0; mt < M_TILES; mt++) {
                     M::mma(C[mt][2 * kb], Af[mt], &Bf[0]);
@@ -659,8 +654,8 @@ stage10_dq_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__r
 
             /* S = Q_i K_j^T and dP = dO_i V_j^T (raw: the scale is folded into the exponential) */
             float S[M_TILES][KT][4] = {}, dP[M_TILES][KT][4] = {};
-            product(S, Q_A, 0, K_s, 0);
-            product(dP, Q_A, dO_OFF, K_s, V_OFF);
+            product(S, Q_A, K_s);
+            product(dP, Q_A + dO_OFF, K_s + V_OFF);
 
             /* Masks, only where needed: S = -inf (so P = 0) where the key is past N or, causal, after
              * the query. C layout: S[mt][nt][c] is query q_w + 16 mt + g + 8 (c >> 1), key
