@@ -6,11 +6,13 @@
 # A stage that measures a backward (stage 10) prints bwd rows: its own binary says so.
 #
 # The grid: 16k tokens per batch (B = 16384 / N), hidden size 2048 (H = 2048 / d),
-# d in {64, 128}, N in {512 ... 16384}, causal and not, fp16.
+# d in {64, 128}, N in {512 ... 16384}, causal and not, fp16 (DTYPES="fp16 bf16" adds bf16 rows;
+# the charts and tables read the fp16 rows, plots/ratio.sh --dtype bf16 the others). A stage that
+# refuses a dtype or a head dim (exit 2) is skipped there with its one line, not counted a failure.
 # The columns are the stages' own: each stage runs with --csv, which prints common/report.c's
 # header above its row; the header goes to the file (checked against the one there) and to
 # torch_sdpa.py, which fills the same columns by name.
-# Environment: STAGES ("stage4 stage5 ..."), SEQLENS, DIMS, WARMUP, ITERS; CAP_stageN=8192 caps
+# Environment: STAGES ("stage4 stage5 ..."), SEQLENS, DIMS, DTYPES, WARMUP, ITERS; CAP_stageN=8192 caps
 # a slow stage's N (say why in its note); FA_COMMIT names the commit in the CSV.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,11 +20,13 @@ source bench/csv.sh
 STAGES=${STAGES:-stage4}
 SEQLENS=${SEQLENS:-"512 1024 2048 4096 8192 16384"}
 DIMS=${DIMS:-"64 128"}
+DTYPES=${DTYPES:-fp16}
 WARMUP=${WARMUP:-3}
 ITERS=${ITERS:-10}
 export FA_COMMIT=${FA_COMMIT:-unknown}
 
 rows=$(mktemp)
+err=$(mktemp)
 header=""
 # Rows so far into bench/data/<gpu>.csv: at the end, or when the run is stopped (a time limit's
 # SIGTERM, ^C), so a long run that is cut short still keeps every row it finished (each complete
@@ -35,27 +39,33 @@ keep_rows() {
     echo "bench: $(wc -l < "$rows") rows appended to bench/data/$gpu.csv" >&2
   : > "$rows"
 }
-trap 'rm -f "$rows"' EXIT
+trap 'rm -f "$rows" "$err"' EXIT
 torch_pid=
 trap 'echo "bench: stopped before the end" >&2; [ -n "$torch_pid" ] && kill "$torch_pid" 2>/dev/null && wait "$torch_pid"; keep_rows; exit 130' INT TERM
 total=0
-for s in $STAGES; do for d in $DIMS; do for n in $SEQLENS; do for c in 0 1; do total=$((total + 1)); done; done; done; done
+for s in $STAGES; do for t in $DTYPES; do for d in $DIMS; do for n in $SEQLENS; do for c in 0 1; do total=$((total + 1)); done; done; done; done; done
 k=0
 failed=0
 for s in $STAGES; do
   cap_var="CAP_$s"
   cap=${!cap_var:-0}
-  for d in $DIMS; do for n in $SEQLENS; do for c in 0 1; do
+  for t in $DTYPES; do for d in $DIMS; do for n in $SEQLENS; do for c in 0 1; do
     k=$((k + 1))
-    label="$s d=$d N=$n $([ $c = 1 ] && echo causal || echo full)"
+    label="$s $t d=$d N=$n $([ $c = 1 ] && echo causal || echo full)"
     if [ "$cap" -gt 0 ] && [ "$n" -gt "$cap" ]; then
       echo "[$k/$total] $label ... skipped (N capped at $cap for $s)" >&2
       continue
     fi
-    args=(--batch $((16384 / n)) --heads $((2048 / d)) --seqlen "$n" --dim "$d" --warmup "$WARMUP" --iters "$ITERS" --csv)
+    args=(--batch $((16384 / n)) --heads $((2048 / d)) --seqlen "$n" --dim "$d" --dtype "$t" --warmup "$WARMUP" --iters "$ITERS" --csv)
     [ "$c" = 1 ] && args+=(--causal)
-    if out=$("./$s" "${args[@]}"); then :; else
-      echo "[$k/$total] $label ... FAILED (exit $?)" >&2
+    if out=$("./$s" "${args[@]}" 2> "$err"); then cat "$err" >&2; else
+      rc=$?
+      if [ "$rc" = 2 ]; then # the stage refuses this dtype or head dim: its one line, and on
+        echo "[$k/$total] $label ... skipped: $(head -n1 "$err")" >&2
+        continue
+      fi
+      cat "$err" >&2
+      echo "[$k/$total] $label ... FAILED (exit $rc)" >&2
       failed=1
       [ -n "$out" ] || continue
     fi
@@ -70,7 +80,7 @@ for s in $STAGES; do
     fi
     sed -n 2p <<< "$out" >> "$rows"
     echo "[$k/$total] $label ... $(csv_awk '{ printf "%s TFLOP/s, check %s", get("tflops"), get("check") }' <<< "$out")" >&2
-  done; done; done
+  done; done; done; done
 done
 
 if [ -z "$header" ]; then
@@ -79,7 +89,7 @@ if [ -z "$header" ]; then
 fi
 if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
   # in the background, so that a stop reaches the trap at once (it stops torch and keeps its rows)
-  python3 -u bench/torch_sdpa.py --columns "$header" --seqlens $SEQLENS --dims $DIMS --warmup "$WARMUP" --iters "$ITERS" >> "$rows" &
+  python3 -u bench/torch_sdpa.py --columns "$header" --seqlens $SEQLENS --dims $DIMS --dtypes $DTYPES --warmup "$WARMUP" --iters "$ITERS" >> "$rows" &
   torch_pid=$!
   wait "$torch_pid" || failed=1
   torch_pid=

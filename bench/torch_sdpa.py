@@ -4,7 +4,8 @@ flash (FlashAttention-2) and cuDNN backends on the benchmark grid and prints CSV
 project's columns (stage torch-flash / torch-cudnn, direction fwd and bwd), progress on stderr.
 The columns are the header a stage's --csv prints (common/report.c), passed in --columns: each
 row fills them by name, in that order, and leaves any it has no value for empty.
-Inputs are uniform in [-1, 1] in fp16, as the stages' are. Called by bench/bench.sh."""
+Inputs are uniform in [-1, 1] in fp16 (or bf16, --dtypes), as the stages' are. Called by
+bench/bench.sh."""
 import argparse
 import os
 import re
@@ -41,6 +42,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seqlens", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
     ap.add_argument("--dims", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--dtypes", nargs="+", default=["fp16"], choices=["fp16", "bf16"])
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--columns", required=True,
@@ -53,17 +55,18 @@ def main():
     gpu = slug(torch.cuda.get_device_name())
     commit = os.environ.get("FA_COMMIT", "unknown")
     backends = [("torch-flash", SDPBackend.FLASH_ATTENTION), ("torch-cudnn", SDPBackend.CUDNN_ATTENTION)]
-    shapes = [(d, n, c) for d in a.dims for n in a.seqlens for c in (0, 1)]
+    torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}
+    shapes = [(t, d, n, c) for t in a.dtypes for d in a.dims for n in a.seqlens for c in (0, 1)]
     total, k = len(backends) * len(shapes), 0
     for name, backend in backends:
-        for d, n, causal in shapes:
+        for t, d, n, causal in shapes:
             k += 1
             B, H = 16384 // n, 2048 // d
             flops = 4.0 * B * H * n * n * d / (2 if causal else 1)
-            q, kk, v = (torch.rand(B, H, n, d, device="cuda", dtype=torch.float16) * 2 - 1 for _ in range(3))
+            q, kk, v = (torch.rand(B, H, n, d, device="cuda", dtype=torch_dtype[t]) * 2 - 1 for _ in range(3))
             for t in (q, kk, v):
                 t.requires_grad_(True)
-            label = f"{name} d={d} N={n} {'causal' if causal else 'full'}"
+            label = f"{name} {t} d={d} N={n} {'causal' if causal else 'full'}"
             try:
                 with sdpa_kernel(backend):
                     fwd = lambda: F.scaled_dot_product_attention(q, kk, v, is_causal=bool(causal))
@@ -77,7 +80,7 @@ def main():
                 continue
             for direction, m, mn, f in (("fwd", ms, ms_min, flops), ("bwd", bms, bms_min, 2.5 * flops)):
                 tf = f / (m * 1e-3) / 1e12
-                row = {"stage": name, "direction": direction, "gpu": gpu, "dtype": "fp16", "batch": B, "heads": H,
+                row = {"stage": name, "direction": direction, "gpu": gpu, "dtype": t, "batch": B, "heads": H,
                        "seqlen": n, "dim": d, "causal": causal, "ms_median": f"{m:.4f}", "ms_min": f"{mn:.4f}",
                        "tflops": f"{tf:.3f}", "max_err": "", "check": "skip", "commit": commit,
                        "extra_bytes": 0, "threads": 1, "kv_len": n, "kv_heads": H, "splits": ""}

@@ -3,7 +3,8 @@
 # of their TFLOP/s and the ratio at every point both were measured in that run, then the geometric
 # mean, minimum and maximum of the ratios. The comparison is plots/grid.awk's grid_over, the same
 # one the README's table (plots/readme_table.sh) and plots/table.sh make.
-#   plots/ratio.sh [--csv bench/data/h200.csv] [--dir fwd|bwd] [--commit C] [--min-n 1024] [--dims "64 128"] STAGE REF
+#   plots/ratio.sh [--csv bench/data/h200.csv] [--dir fwd|bwd] [--commit C] [--min-n 1024] [--dims "64 128"]
+#                  [--dtype fp16|bf16] STAGE REF
 #   plots/ratio.sh --dir bwd --min-n 1024 stage10 torch-flash
 # The run: --commit C, or else STAGE's latest (the commit of its latest row among the points taken).
 set -euo pipefail
@@ -15,7 +16,8 @@ dir=fwd
 commit=
 minn=0
 dims="64 128"
-usage="usage: plots/ratio.sh [--csv FILE] [--dir fwd|bwd] [--commit C] [--min-n N] [--dims \"64 128\"] STAGE REF"
+dtype=fp16
+usage="usage: plots/ratio.sh [--csv FILE] [--dir fwd|bwd] [--commit C] [--min-n N] [--dims \"64 128\"] [--dtype fp16|bf16] STAGE REF"
 while [ $# -gt 0 ]; do
   case $1 in
     --csv) csv=$2; shift 2 ;;
@@ -23,13 +25,14 @@ while [ $# -gt 0 ]; do
     --commit) commit=$2; shift 2 ;;
     --min-n) minn=$2; shift 2 ;;
     --dims) dims=$2; shift 2 ;;
+    --dtype) dtype=$2; shift 2 ;;
     -*) echo "$usage" >&2; exit 2 ;;
     *) break ;;
   esac
 done
 [ $# -eq 2 ] || { echo "$usage" >&2; exit 2; }
 [ -r "$csv" ] || { echo "ratio.sh: cannot read $csv" >&2; exit 2; }
-csv_awk -f "$here/grid.awk" -v dir="$dir" -v x="$1" -v y="$2" -v run="$commit" \
+csv_awk -f "$here/grid.awk" -v grid_dtype="$dtype" -v dir="$dir" -v x="$1" -v y="$2" -v run="$commit" \
   -v sel="d=$(echo "$dims" | tr -s ' ' ,) nmin=$minn" -v file="${csv#"$root"/}" '
   { grid_add() }
   END {
@@ -44,5 +47,5 @@ csv_awk -f "$here/grid.awk" -v dir="$dir" -v x="$1" -v y="$2" -v run="$commit" \
       split(OV_pt[i], f, " ")
       printf "| %s | %s | %s | %d | %d | %.1f | %.1f | %.3f |\n", f[1], f[2] ? "yes" : "no", f[3], 16384 / f[3], 2048 / f[1], OV_x[i], OV_y[i], OV_q[i]
     }
-    printf "\n%d shapes, run %s: geometric mean %.3f, min %.3f, max %.3f\n", OV_n, OV_run, OV_gm, OV_min, OV_max
+    printf "\n%d shapes, run %s%s: geometric mean %.3f, min %.3f, max %.3f\n", OV_n, OV_run, grid_dtype == "fp16" ? "" : ", " grid_dtype, OV_gm, OV_min, OV_max
   }' "$csv"
