@@ -1,6 +1,6 @@
 # FlashAttention, stage by stage. This Makefile holds the one list of stages.
 #   make stageN && ./stageN     build and run one stage (binary at the repository root)
-#   make all | deps | test | bench | bench-decode | bench-cpu | bench-ncu | plots | sanitize | diffN | clean   (V=1 shows commands, DEBUG=1 -g + sanitizers)
+#   make all | deps | test | bench | bench-decode | bench-cpu | bench-ncu | plots | sanitize | gpu-suites | diffN | clean   (V=1 shows commands, DEBUG=1 -g + sanitizers)
 
 # ---- the stages: NN_slug, the file is stages/NN_slug.c (CPU) or .cu (GPU) ----
 CPU_STAGES := 01_naive 02_tiled_cpu 03_online_softmax
@@ -93,7 +93,7 @@ TEST_LINK = $(CC) $(OMP_LDFLAGS) $(LDFLAGS) -o $@ $(OBJS_IN) $(CRITERION_LIBS) -
 endif
 STAGE_OBJS := $(sort $(foreach s,$(BUILT_STAGES),$(BUILD)/stages/$(s).o))
 
-.PHONY: deps deps-test all test bench bench-decode bench-cpu bench-ncu plots sanitize clean FORCE
+.PHONY: deps deps-test all test bench bench-decode bench-cpu bench-ncu plots sanitize gpu-suites clean FORCE
 all: $(foreach s,$(BUILT_STAGES),$(call bin,$(s))) tests/attn_tests
 
 # ---- compiling ----
@@ -215,6 +215,12 @@ sanitize: $(GPU_BINS)
 	    echo "== compute-sanitizer --tool $$tool ./$(b) $$s"; \
 	    compute-sanitizer --tool $$tool --error-exitcode 1 ./$(b) $$s --batch 1 --heads 2 --warmup 0 --iters 1; \
 	done; done;)
+
+# On a machine with a GPU, every GPU a course has (notes/gpus.md): the suite as built, under a 99
+# KiB cap, and as the compute_75 PTX build (made in build75 if needed) under a 64 KiB cap, then
+# compute-sanitizer on that build; a log per suite in build/gpu-suites, one PASS or FAIL line each.
+gpu-suites: all
+	tests/gpu_suites.sh
 
 # the grid's GPU stages whose rows are forward: all but stage 10, which measures a backward (make
 # bench-ncu runs these; the charts name the ones with no rows yet)

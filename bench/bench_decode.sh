@@ -42,6 +42,28 @@ copy_before=$(copy_gbps)
 
 header=""
 failed=0
+copy_after=""
+# The rows so far, with their bandwidth columns, into the CSV: at the end, or when the run is
+# stopped (a time limit's SIGTERM, ^C), so that a run cut short keeps every row it finished. The
+# yardstick is the larger of the copy bandwidths measured before and after (before alone if stopped).
+keep_rows() {
+  [ -n "$header" ] && [ -s "$rows" ] || return 0
+  copy=$(awk -v a="$copy_before" -v b="${copy_after:-0}" 'BEGIN { print (a > b ? a : b) }')
+  local h=$header
+  [[ $h == *,gqa ]] || h="$h,gqa" # the stages' rows carry their gqa column already
+  full=$( { echo "$h"; cat "$rows"; } | csv_awk -v copy="$copy" '
+    BEGIN { OFS = "," }
+    { bytes = 4 * get("batch") * get("kv_heads") * get("kv_len") * get("dim"); gbps = bytes / (get("ms_median") * 1e-3) / 1e9
+      printf "%s,%.0f,%.1f,%.1f,%.1f\n", $0, bytes, gbps, copy, 100 * gbps / copy }')
+  local gpu out
+  gpu=$( { echo "$h"; head -n1 "$rows"; } | csv_awk '{ print get("gpu") }')
+  out=${DECODE_CSV:-bench/data/${gpu}_decode.csv}
+  csv_append "$out" "$h,kv_bytes,kv_gbps,copy_gbps,pct_of_copy" <<< "$full"
+  echo "bench_decode: $(wc -l <<< "$full") rows appended to $out" >&2
+  : > "$rows"
+}
+torch_pid=
+trap 'echo "bench_decode: stopped before the end" >&2; [ -n "$torch_pid" ] && kill "$torch_pid" 2>/dev/null && wait "$torch_pid"; keep_rows; exit 130' INT TERM
 for s in $STAGES; do for b in $BATCHES; do for nkv in $KV_LENS; do for split in "" 1; do
   label="$s B=$b N_kv=$nkv${split:+ --splits $split}"
   args=(--batch "$b" --heads "$HEADS" --kv-heads "$KV_HEADS" --seqlen 1 --kv-len "$nkv" --dim "$DIM"
@@ -68,25 +90,19 @@ header="$header,gqa"
 
 if [ "${TORCH:-1}" != 0 ] && python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
   # shellcheck disable=SC2086
-  python3 bench/torch_decode.py --columns "$header" --batches $BATCHES --kv-lens $KV_LENS --heads "$HEADS" \
-    --kv-heads "$KV_HEADS" --seqlen 1 --dim "$DIM" --warmup "$WARMUP" --iters "$ITERS" >> "$rows" || failed=1
+  # in the background, so that a stop reaches the trap at once (it stops torch and keeps the rows)
+  python3 -u bench/torch_decode.py --columns "$header" --batches $BATCHES --kv-lens $KV_LENS --heads "$HEADS" \
+    --kv-heads "$KV_HEADS" --seqlen 1 --dim "$DIM" --warmup "$WARMUP" --iters "$ITERS" >> "$rows" &
+  torch_pid=$!
+  wait "$torch_pid" || failed=1
+  torch_pid=
 else
   echo "bench_decode: no torch rows this run (python3 with CUDA-enabled torch not found, or TORCH=0)" >&2
 fi
 
 copy_after=$(copy_gbps)
-copy=$(awk -v a="$copy_before" -v b="$copy_after" 'BEGIN { print (a > b ? a : b) }')
+keep_rows
 echo "bench_decode: copy bandwidth $copy_before GB/s before the runs, $copy_after after; $copy is the yardstick" >&2
-
-# the bandwidth columns, computed for every row by name
-full=$( { echo "$header"; cat "$rows"; } | csv_awk -v copy="$copy" '
-  BEGIN { OFS = "," }
-  { bytes = 4 * get("batch") * get("kv_heads") * get("kv_len") * get("dim"); gbps = bytes / (get("ms_median") * 1e-3) / 1e9
-    printf "%s,%.0f,%.1f,%.1f,%.1f\n", $0, bytes, gbps, copy, 100 * gbps / copy }')
-gpu=$( { echo "$header"; head -n1 "$rows"; } | csv_awk '{ print get("gpu") }')
-out=${DECODE_CSV:-bench/data/${gpu}_decode.csv}
-csv_append "$out" "$header,kv_bytes,kv_gbps,copy_gbps,pct_of_copy" <<< "$full"
-echo "bench_decode: $(wc -l <<< "$full") rows appended to $out" >&2
 
 # the issue's claims, from this run's rows: each stage at its own slices (splits > 1 or the rule's 1;
 # the --splits 1 rows are the ablation) against the copy bandwidth and the fastest torch backend

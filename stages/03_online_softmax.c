@@ -52,8 +52,10 @@ _Static_assert(Br % MR == 0 && Bc % NR == 0, "micro-tiles must tile S_ij");
  * a multiply-add in one instruction) and for plain x86-64 (SSE2, 4 floats), and the program picks
  * one when it starts, from what the processor has (gcc's target_clones, an ifunc). The Makefile's
  * -O2 stays portable, where -march=native would build for this machine only; without the clones
- * -O2 means SSE2 and the products run at half the vector width (notes/02_tiled_cpu.md). */
-#if defined(__x86_64__) && defined(__GNUC__)
+ * -O2 means SSE2 and the products run at half the vector width (notes/02_tiled_cpu.md).
+ * gcc only: clang (14 at least) gives a static function's ifunc resolver external linkage, so the
+ * helpers of stages 2 and 3, of the same names, collide where both are linked (the test program). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define CLONES

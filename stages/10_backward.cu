@@ -112,24 +112,62 @@ struct kv_cfg<256> { typedef config_list<kv_tiles<256, 8, 64, 64, 32, 4>,       
  * 1.7, 1.7, 1.5). The dK/dV layout mirrored onto dQ (eight warps splitting S and dP, dS through
  * shared memory, dQ split by columns) would get 2.0, 2.4, 2.2 and 1.6 and add dS's stores and a
  * second barrier to every step; the dK/dV kernel itself gets 2.2 at d = 64 and 128.
- * Per d (dq_cfg): a thread holds dQ_i, 16 M_TILES x d / 32 fp32, beside S and dP for a sub-tile
- * of Bs keys, 16 M_TILES x Bs / 32 each (192 registers at d = 64 and 128, as many as the dK/dV
- * kernel's accumulators; no spills: 236, 255, 253, 238 registers on sm_90); Bc keys per K/V tile,
- * worked through Bs at a time as in stage 9. Shared memory (dq_smem_layout): 49, 97, 97 and
- * 193 KiB at d = 32, 64, 128, 256, so two blocks of four warps share an SM at d <= 128 (which is
- * why Bc = 32 at d = 128, where Q_i and dO_i take 64 KiB). At d = 256 dQ_i alone is 128 registers
- * for 16 rows, so a warp owns one row tile and eight warps make Br = 128; like the dK/dV kernel
- * there, it needs an H100 or H200's 227 KiB per block. */
+ * A configuration (dq_tiles): WARPS warps of 16 M_TILES rows, so Br = 16 M_TILES WARPS queries;
+ * K/V tiles of Bc keys, worked through Bs at a time as in stage 9. A thread holds dQ_i, 16 M_TILES
+ * x d / 32 fp32, beside S and dP for a sub-tile, 16 M_TILES x Bs / 32 each (192 registers at
+ * d = 64 and 128 in the first configurations, as many as the dK/dV kernel's accumulators).
+ * Shared memory (dq_smem_layout): 49, 97, 97 and 193 KiB at d = 32, 64, 128, 256 in the first, so
+ * two blocks of four warps share an SM at d <= 128 (which is why Bc = 32 at d = 128, where Q_i
+ * and dO_i take 64 KiB). At d = 256 dQ_i alone is 128 registers for 16 rows, so a warp owns one
+ * row tile and eight warps make Br = 128; like the dK/dV kernel there, it needs an H100 or H200's
+ * 227 KiB per block. Where a GPU allows a block less, launch takes the first that fits, as for
+ * the dK/dV kernel. Up to d = 128 the last of each list fits wherever the dK/dV kernel's last
+ * does (static_assert in with_tiles_d), so --deterministic runs wherever the backward runs; at
+ * d = 256 the loader needs eight warps (32 chunks a row, whole 8-row groups), so Br = 128 and
+ * Q_i, dO_i alone take 128 KiB: the last takes 161 KiB, which an A100's 163 KiB holds. */
+template <int HeadDim, int Br, int Bc>
+struct dq_smem_layout;
+template <int HeadDim_, int WARPS_, int M_TILES_, int Bc_, int Bs_>
+struct dq_tiles {
+    static constexpr int HeadDim = HeadDim_, WARPS = WARPS_, M_TILES = M_TILES_, Bc = Bc_, Bs = Bs_;
+    static constexpr int Br = WARPS * 16 * M_TILES, THREADS = WARPS * WARP_SIZE;
+    static constexpr size_t smem_bytes = dq_smem_layout<HeadDim, Br, Bc>::bytes;
+};
+/* Per head dim, fastest first; registers per thread in the comment. The smaller ones trade load
+ * reuse for shared memory: a smaller Bc (more barriers per key), then M_TILES = 1 (each K or V
+ * fragment feeds one row tile).
+ * A choice to time on a GPU, nvcc -D: STAGE10_DQ_WIDE=1 puts first, at d = 64 and 128, one block
+ * of eight warps (Br = 256) per SM instead of two of four, with Bc = 64 at d = 128 (194 KiB, an
+ * H100 or H200 only; 130 KiB at d = 64): each K/V tile copied in serves twice the queries (half
+ * the K/V reads from L2 per product), and at d = 128 a barrier and a tile copy per 64 keys instead
+ * of 32 (5% fewer instructions per key, notes/10_backward.md), against a barrier across eight warps
+ * with no second block on the SM to fill its wait. */
+#ifndef STAGE10_DQ_WIDE
+#define STAGE10_DQ_WIDE 0
+#endif
 template <int HeadDim>
 struct dq_cfg;
 template <>
-struct dq_cfg<32> { static constexpr int WARPS = 4, M_TILES = 2, Bc = 128, Bs = 64; };  /* dQ 32 + S, dP 128 */
+struct dq_cfg<32> { typedef config_list<dq_tiles<32, 4, 2, 128, 64>,           /* 49 KiB; dQ 32 + S, dP 128 */
+                                        dq_tiles<32, 4, 2, 64, 64>> list; };   /* 33 KiB */
 template <>
-struct dq_cfg<64> { static constexpr int WARPS = 4, M_TILES = 2, Bc = 128, Bs = 64; };  /* dQ 64 + S, dP 128 */
+struct dq_cfg<64> { typedef config_list<
+#if STAGE10_DQ_WIDE
+                        dq_tiles<64, 8, 2, 128, 64>,                           /* 130 KiB */
+#endif
+                        dq_tiles<64, 4, 2, 128, 64>,                           /* 97 KiB; dQ 64 + S, dP 128 */
+                        dq_tiles<64, 4, 2, 32, 32>,                            /* 49 KiB */
+                        dq_tiles<64, 4, 1, 32, 32>> list; };                   /* 32.5 KiB */
 template <>
-struct dq_cfg<128> { static constexpr int WARPS = 4, M_TILES = 2, Bc = 32, Bs = 32; };  /* dQ 128 + S, dP 64 */
+struct dq_cfg<128> { typedef config_list<
+#if STAGE10_DQ_WIDE
+                         dq_tiles<128, 8, 2, 64, 32>,                          /* 194 KiB */
+#endif
+                         dq_tiles<128, 4, 2, 32, 32>,                          /* 97 KiB; dQ 128 + S, dP 64 */
+                         dq_tiles<128, 4, 1, 16, 16>> list; };                 /* 48.5 KiB */
 template <>
-struct dq_cfg<256> { static constexpr int WARPS = 8, M_TILES = 1, Bc = 32, Bs = 32; };  /* dQ 128 + S, dP 32 */
+struct dq_cfg<256> { typedef config_list<dq_tiles<256, 8, 1, 32, 32>,          /* 193 KiB; dQ 128 + S, dP 32 */
+                                         dq_tiles<256, 8, 1, 16, 16>> list; }; /* 161 KiB */
 
 /* Shared memory of the dK/dV kernel: K_j, V_j [Bc][HeadDim]; Q_i, dO_i [2][Br][HeadDim]
  * (double-buffered); P^T, dS^T [Bc][Br] (16-bit); L_i, D_i [2][Br]. Tiles are swizzled
@@ -149,11 +187,9 @@ struct kv_smem_layout {
 };
 /* ... and of the dQ kernel: Q_i, dO_i [Br][HeadDim] (loaded once), then K_j [2][Bc][HeadDim] and
  * V_j [2][Bc][HeadDim] (double-buffered), then L_i, D_i [Br] (fp32, loaded once). */
-template <int HeadDim>
+template <int HeadDim, int Br_, int Bc_>
 struct dq_smem_layout {
-    typedef dq_cfg<HeadDim> C;
-    static constexpr int THREADS = C::WARPS * WARP_SIZE;
-    static constexpr int Br = C::WARPS * 16 * C::M_TILES, Bc = C::Bc;
+    static constexpr int Br = Br_, Bc = Bc_;
     static constexpr size_t Q_i = 0;
     static constexpr size_t dO_i = Q_i + 2 * (size_t)Br * HeadDim;
     static constexpr size_t K_j = dO_i + 2 * (size_t)Br * HeadDim;
@@ -508,16 +544,17 @@ stage10_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *_
  * per-thread addresses computed once), each lane's ldmatrix addresses computed once and stepped
  * by constants, masks only on the warps and sub-tiles that need them, the rows out through shared
  * memory in 16-byte stores. */
-template <typename T, int HeadDim>
-__global__ void __launch_bounds__(dq_smem_layout<HeadDim>::THREADS)
+template <typename T, class Dq>
+__global__ void __launch_bounds__(Dq::THREADS)
 stage10_dq_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__restrict__ V,
                  const T *__restrict__ dO, const float *__restrict__ L2, const float *__restrict__ Dsum,
                  T *__restrict__ dQ, int N, int causal, float scale)
 {
-    typedef dq_smem_layout<HeadDim> Smem;
+    constexpr int HeadDim = Dq::HeadDim;
+    typedef dq_smem_layout<HeadDim, Dq::Br, Dq::Bc> Smem;
     typedef mma16<T> M;
-    constexpr int THREADS = Smem::THREADS, Br = Smem::Br, Bc = Smem::Bc; /* queries per Q tile, keys per K/V tile */
-    constexpr int M_TILES = dq_cfg<HeadDim>::M_TILES, Bs = dq_cfg<HeadDim>::Bs;
+    constexpr int THREADS = Dq::THREADS, Br = Dq::Br, Bc = Dq::Bc; /* queries per Q tile, keys per K/V tile */
+    constexpr int M_TILES = Dq::M_TILES, Bs = Dq::Bs;
     constexpr int ROWS_PER_WARP = 16 * M_TILES;
     constexpr int KT = Bs / 8;      /* key tiles: n8 tiles of S, dP in a sub-tile of Bs keys */
     constexpr int DT = HeadDim / 8; /* dim tiles: n8 column tiles of dQ_i */
@@ -724,7 +761,9 @@ size_t workspace_bytes(const struct shape *sh)
     return 2 * shape_rows(sh) * sizeof(float) + shape_elems(sh) * sizeof(float);
 }
 
-template <typename T, class Cfg>
+/* The dK/dV kernel with configuration Cfg, and with --deterministic the dQ kernel with Dq (without
+ * it, the convert kernel). */
+template <typename T, class Cfg, class Dq>
 int launch(const struct attn_args *a, char *why, size_t n)
 {
     constexpr int HeadDim = Cfg::HeadDim;
@@ -734,10 +773,10 @@ int launch(const struct attn_args *a, char *why, size_t n)
         snprintf(why, n, "batch * heads = %lld is more than a grid's y dimension holds (65535)", bh);
         return ATTN_UNSUPPORTED;
     }
-    const size_t kv_smem = Cfg::smem_bytes, dq_smem = dq_smem_layout<HeadDim>::bytes;
+    const size_t kv_smem = Cfg::smem_bytes, dq_smem = Dq::smem_bytes;
     if (int rc = smem_optin(stage10_dkdv_kernel<T, Cfg>, kv_smem, HeadDim, why, n)) return rc;
     if (a->deterministic)
-        if (int rc = smem_optin(stage10_dq_kernel<T, HeadDim>, dq_smem, HeadDim, why, n)) return rc;
+        if (int rc = smem_optin(stage10_dq_kernel<T, Dq>, dq_smem, HeadDim, why, n)) return rc;
 
     const size_t rows = shape_rows(sh), elems = shape_elems(sh);
     float *dQ_acc = (float *)a->work, *Dsum = dQ_acc + elems, *L2 = Dsum + rows; /* dQ_acc first: 16-byte aligned */
@@ -752,8 +791,7 @@ int launch(const struct attn_args *a, char *why, size_t n)
         Q, K, V, dO, L2, Dsum, (T *)a->dK, (T *)a->dV, dQ_acc, sh->N, sh->causal, sh->scale, !a->deterministic);
     CUDA_TRY(cudaGetLastError());
     if (a->deterministic) {
-        typedef dq_smem_layout<HeadDim> Dq;
-        stage10_dq_kernel<T, HeadDim><<<dim3(CEIL_DIV(sh->N, Dq::Br), (unsigned)bh), Dq::THREADS, dq_smem>>>(
+        stage10_dq_kernel<T, Dq><<<dim3(CEIL_DIV(sh->N, Dq::Br), (unsigned)bh), Dq::THREADS, dq_smem>>>(
             Q, K, V, dO, L2, Dsum, (T *)a->dQ, sh->N, sh->causal, sh->scale);
     } else {
         stage10_convert_kernel<T><<<(unsigned)std::min<size_t>(CEIL_DIV(elems / 8, 256), 65535), 256>>>(
@@ -763,15 +801,50 @@ int launch(const struct attn_args *a, char *why, size_t n)
     return 0;
 }
 
-/* Calls f(Cfg{}) with the first dK/dV configuration of head dim d that fits `limit` bytes. */
+/* The first configuration of a list, and the shared memory of its smallest. */
+template <class First, class... Rest>
+constexpr First first_of(config_list<First, Rest...>)
+{
+    return First{};
+}
+template <class... Configs>
+constexpr size_t smallest_smem(config_list<Configs...>)
+{
+    return std::min({Configs::smem_bytes...});
+}
+
+/* Calls f(Cfg{}, Dq{}) with the first dK/dV configuration of head dim HeadDim that fits `limit`
+ * bytes and, with --deterministic, the first dQ configuration that does (without it, Dq is the
+ * first of the list, and unused). Up to d = 128 the dQ kernel has tiles wherever the dK/dV kernel
+ * has (the static_assert): --deterministic runs wherever the backward runs. At d = 256 its
+ * smallest tiles take 161 KiB, which an A100 (163 KiB) has, beside the dK/dV kernel's 136.5; a
+ * limit between the two refuses --deterministic alone, with one line that says so. */
+template <int HeadDim, class F>
+int with_tiles_d(int deterministic, size_t limit, char *why, size_t n, F &&f)
+{
+    typedef typename kv_cfg<HeadDim>::list KV;
+    typedef typename dq_cfg<HeadDim>::list DQ;
+    static_assert(HeadDim == 256 || smallest_smem(DQ()) <= smallest_smem(KV()),
+                  "the dQ kernel's smallest tiles fit wherever the dK/dV kernel's smallest do");
+    return first_fit(KV(), limit, HeadDim, why, n, [&](auto cfg) {
+        if (!deterministic) return f(cfg, first_of(DQ()));
+        if (limit < smallest_smem(DQ())) {
+            snprintf(why, n, "d=%d: --deterministic needs %.1f KiB of shared memory per block, this device allows %zu "
+                     "KiB%s; without it the backward fits", HeadDim, smallest_smem(DQ()) / 1024.0, limit / 1024,
+                     smem_cap_words(limit));
+            return (int)ATTN_UNSUPPORTED;
+        }
+        return first_fit(DQ(), limit, HeadDim, why, n, [&](auto dq) { return f(cfg, dq); });
+    });
+}
 template <class F>
-int with_kv_tiles(int d, size_t limit, char *why, size_t n, F &&f)
+int with_tiles(int d, int deterministic, size_t limit, char *why, size_t n, F &&f)
 {
     switch (d) {
-    case 32: return first_fit(kv_cfg<32>::list(), limit, d, why, n, f);
-    case 64: return first_fit(kv_cfg<64>::list(), limit, d, why, n, f);
-    case 128: return first_fit(kv_cfg<128>::list(), limit, d, why, n, f);
-    case 256: return first_fit(kv_cfg<256>::list(), limit, d, why, n, f);
+    case 32: return with_tiles_d<32>(deterministic, limit, why, n, f);
+    case 64: return with_tiles_d<64>(deterministic, limit, why, n, f);
+    case 128: return with_tiles_d<128>(deterministic, limit, why, n, f);
+    case 256: return with_tiles_d<256>(deterministic, limit, why, n, f);
     }
     snprintf(why, n, "supports head dim 32, 64, 128 or 256 (got d=%d)", d);
     return ATTN_UNSUPPORTED;
@@ -780,29 +853,23 @@ int with_kv_tiles(int d, size_t limit, char *why, size_t n, F &&f)
 template <typename T>
 int dispatch(const struct attn_args *a, char *why, size_t n)
 {
-    return with_kv_tiles(a->sh.d, gpu_smem_limit(), why, n,
-                         [&](auto cfg) { return launch<T, decltype(cfg)>(a, why, n); });
+    return with_tiles(a->sh.d, a->deterministic, gpu_smem_limit(), why, n, [&](auto cfg, auto dq) {
+        return launch<T, decltype(cfg), decltype(dq)>(a, why, n);
+    });
 }
 
 /* The backward's tiles where a block may have `limit` bytes: the dK/dV kernel's, and with
  * --deterministic the dQ kernel's (the summary names them). */
 int backward_tiles(const struct attn_args *a, size_t limit, struct tile_config *c)
 {
-    return with_kv_tiles(a->sh.d, limit, c->text, sizeof c->text, [&](auto cfg) {
+    return with_tiles(a->sh.d, a->deterministic, limit, c->text, sizeof c->text, [&](auto cfg, auto dq) {
         typedef decltype(cfg) Cfg;
-        constexpr int HeadDim = Cfg::HeadDim;
-        typedef dq_smem_layout<HeadDim> DQ;
-        if (a->deterministic && DQ::bytes > limit) { /* --deterministic's dQ kernel has one configuration */
-            snprintf(c->text, sizeof c->text, "d=%d: --deterministic's dQ kernel needs %.1f KiB of shared memory per "
-                     "block; this device allows %zu KiB (without --deterministic the backward fits)", HeadDim,
-                     DQ::bytes / 1024.0, limit / 1024);
-            return (int)ATTN_UNSUPPORTED;
-        }
-        char dq[64] = "";
-        if (a->deterministic) snprintf(dq, sizeof dq, "; dQ Br=%d Bc=%d", DQ::Br, DQ::Bc);
-        const size_t bytes = a->deterministic && DQ::bytes > Cfg::smem_bytes ? DQ::bytes : Cfg::smem_bytes;
+        typedef decltype(dq) Dq;
+        char dq_words[64] = "";
+        if (a->deterministic) snprintf(dq_words, sizeof dq_words, "; dQ Br=%d Bc=%d, %d warps", Dq::Br, Dq::Bc, Dq::WARPS);
+        const size_t bytes = a->deterministic ? std::max(Dq::smem_bytes, Cfg::smem_bytes) : Cfg::smem_bytes;
         return tiles_found(c, Cfg::Br, Cfg::Bc, bytes, "dK/dV Br=%d Bc=%d, %d warps%s", Cfg::Br, Cfg::Bc,
-                           Cfg::KV_WARPS, dq);
+                           Cfg::KV_WARPS, dq_words);
     });
 }
 

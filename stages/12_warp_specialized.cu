@@ -50,9 +50,8 @@ namespace {
  * 64 per warpgroup (the M of one wgmma), both reading the same K_j, V_j. Per thread a consumer
  * warpgroup's accumulators hold Bc / 2 fp32 of S_ij and HeadDim / 2 of O_i, and P_ij takes Bc / 4
  * registers (16-bit pairs) that the tensor cores read until the wait: all three live at once.
- * Bc is stage 11's: 64 at d = 64 (Bc = 128 was 4-25% slower there: the exponentials, as heavy as
- * the matmuls, wait on a wgmma of S twice as long), 128 at d = 128, 64 at d = 256 (O_i alone is
- * 128 registers).
+ * Bc is 128 at d = 64 (stage 11 takes 64 there, which its cp.async buffers needed; here Bc = 64
+ * measured 0.84-0.88x of 128, below), 128 at d = 128, 64 at d = 256 (O_i alone is 128 registers).
  *
  * Then a third warpgroup, the producer (warpgroup 2, after the consumers, so that the consumers'
  * thread, warp and warpgroup numbers are stage 11's). One of its threads issues every copy; the
@@ -100,7 +99,7 @@ constexpr size_t SMEM_MAX = 227 * 1024; /* the shared memory a block may have on
 template <int HeadDim>
 struct cfg;
 template <>
-struct cfg<64> { static constexpr int Bc = STAGE12_D64_BC, STAGES = STAGE12_D64_STAGES, TURNED = 1; }; /* O 32 + S 32 + P 16 */
+struct cfg<64> { static constexpr int Bc = STAGE12_D64_BC, STAGES = STAGE12_D64_STAGES, TURNED = 1; }; /* O 32 + S 64 + P 32 (Bc = 128) */
 template <>
 struct cfg<128> { static constexpr int Bc = 128, STAGES = 3, TURNED = STAGE12_D128_TURNED; };  /* O 64 + S 64 + P 32 */
 template <>

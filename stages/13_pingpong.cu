@@ -57,9 +57,8 @@ namespace {
  * 64 per warpgroup (the M of one wgmma), both reading the same K_j, V_j. Per thread a consumer
  * warpgroup's accumulators hold Bc / 2 fp32 of S_ij and HeadDim / 2 of O_i, and P_ij takes Bc / 4
  * registers (16-bit pairs) that the tensor cores read until the wait: all three live at once.
- * Bc is stage 11's: 64 at d = 64 (Bc = 128 was 4-25% slower there: the exponentials, as heavy as
- * the matmuls, wait on a wgmma of S twice as long), 128 at d = 128, 64 at d = 256 (O_i alone is
- * 128 registers).
+ * Bc is 128 at d = 64 (stage 11 takes 64 there, which its cp.async buffers needed; here Bc = 64
+ * measured 0.84-0.88x of 128, below), 128 at d = 128, 64 at d = 256 (O_i alone is 128 registers).
  *
  * Then a third warpgroup, the producer (warpgroup 2, after the consumers, so that the consumers'
  * thread, warp and warpgroup numbers are stage 11's). One of its threads issues every copy; the

@@ -24,7 +24,8 @@
  *     then evened out so that no slice is a tile longer than it need be (at B = 1, H_kv = 8 on an
  *     H200: 32 slices from N_kv = 2k to 64k, 8 tiles each at 16k); --splits S overrides it;
  *   - three K/V tiles in flight (a cp.async ring, stage 9 has two): the kernel does little per
- *     byte, so what matters is how many bytes each SM has requested;
+ *     byte, so what matters is how many bytes each SM has requested (a GPU that allows a block
+ *     64 KiB, a T4, takes a ring of two: the configurations below);
  *   - causal means the queries are the last N_q of the N_kv positions: query i sees keys up to
  *     N_kv - N_q + i (bottom-right, as FlashAttention; keys_seen in common/attn.h).
  * Why: one query is a matrix-vector product per head. Each K and V element is used G N_q times
@@ -57,30 +58,25 @@ namespace {
 constexpr int Br = 16;
 /* Four warps, each taking a quarter of the keys of every K/V tile. */
 constexpr int NWARPS = 4;
-/* K/V tiles in the cp.async ring: tile j computes while j+1 and j+2 copy. Three tiles of K and V,
- * 32 KiB each (Q_i borrows the last buffer until the loop starts), make 96 KiB: two blocks share an
- * SM on sm_90 (227 KiB), with four tiles (128 KiB) requested per SM at any time, more than an SM's
- * share of HBM's bytes in flight (Little's law: ~4.5 TB/s x ~1 us / 132 SMs ~ 35 KiB); and it fits
- * the 99 KiB of consumer GPUs. */
-constexpr int STAGES = 3;
 /* At most MAX_SPLITS slices (--splits allows no more): the merge keeps a weight per slice and row
- * in shared memory, [MAX_SPLITS][Br] floats (64 KiB) over the K/V ring. */
+ * in shared memory over the K/V ring, [max_splits][Br] floats (64 KiB at 1024). */
 constexpr int MAX_SPLITS = 1024;
 /* The merge's loads of partial rows O_s kept in flight per thread (unrolled): they come from L2,
  * a few hundred cycles each, and the merge is the tail of the kernel, nothing to overlap it. */
 constexpr int MERGE_UNROLL = 8;
 
-/* Per head dim: Bc keys per K/V tile, so that a tile of K and V is 32 KiB either way. */
-template <int HeadDim>
-struct cfg;
-template <>
-struct cfg<64> { static constexpr int Bc = 128; };
-template <>
-struct cfg<128> { static constexpr int Bc = 64; };
+/* The most slices, from MAX_SPLITS down by halves, whose merge (a weight per slice and row, then
+ * each row's m and 1 / l) fits in ring_bytes of shared memory. */
+constexpr int splits_fitting(size_t ring_bytes, int S)
+{
+    return 4 * ((size_t)S + 2) * Br <= ring_bytes || S == 1 ? S : splits_fitting(ring_bytes, S / 2);
+}
 
-template <int HeadDim>
+/* One configuration: K/V tiles of Bc keys, STAGES of them in the cp.async ring (tile j computes
+ * while the next STAGES - 1 copy), and everything derived from it. */
+template <int HeadDim_, int Bc_, int STAGES_>
 struct tiles {
-    static constexpr int Bc = cfg<HeadDim>::Bc;
+    static constexpr int HeadDim = HeadDim_, Bc = Bc_, STAGES = STAGES_;
     static constexpr int NTHREADS = NWARPS * WARP_SIZE;
     static constexpr int KEYS_PER_WARP = Bc / NWARPS; /* 32 (d = 64) or 16 (d = 128) */
     static constexpr unsigned TILE_BYTES = 2 * Bc * HeadDim; /* one K (or V) tile, 16-bit */
@@ -100,17 +96,49 @@ struct tiles {
     static constexpr size_t merge_l = merge_m + 4 * (size_t)NWARPS * Br;
     static constexpr size_t merge_bytes = merge_l + 4 * (size_t)NWARPS * Br;
     /* The merge of the slices (the last block of a row tile), over the same memory once more: the
-     * weight of each slice for each row [MAX_SPLITS][Br], then each row's m and 1 / l [Br] each. */
+     * weight of each slice for each row [max_splits][Br], then each row's m and 1 / l [Br] each. As
+     * many slices as the ring holds the weights of: MAX_SPLITS with three stages, half with two. */
+    static constexpr int max_splits = splits_fitting(loop_bytes, MAX_SPLITS);
     static constexpr size_t slices_w = 0;
-    static constexpr size_t slices_m = slices_w + 4 * (size_t)MAX_SPLITS * Br;
+    static constexpr size_t slices_m = slices_w + 4 * (size_t)max_splits * Br;
     static constexpr size_t slices_inv_l = slices_m + 4 * (size_t)Br;
     static constexpr size_t slices_bytes = slices_inv_l + 4 * (size_t)Br;
-    static constexpr size_t bytes = std::max(loop_bytes, std::max(merge_bytes, slices_bytes));
+    static constexpr size_t smem_bytes = std::max(loop_bytes, std::max(merge_bytes, slices_bytes));
     static_assert(slices_bytes <= loop_bytes, "the merge of the slices fits over the K/V ring");
     static_assert(Br == 16, "a block's rows are one m16 tile of the mma");
     static_assert(KEYS_PER_WARP % 16 == 0, "each warp's keys are whole k16 steps of P_ij V_j");
     static_assert(2 * Br * HeadDim <= TILE_BYTES && STAGES >= 2, "Q_i fits the K buffer it borrows");
 };
+
+/* Per head dim, fastest first (launch takes the first that fits the device's shared memory,
+ * common/cuda/launch.cuh), Bc keys per K/V tile so that a tile of K and V is 32 KiB either way.
+ * Three tiles in the ring make 96 KiB (Q_i borrows the last buffer until the loop starts): two
+ * blocks share an SM on sm_90 (227 KiB), with four tiles (128 KiB) requested per SM at any time,
+ * more than an SM's share of HBM's bytes in flight (Little's law: ~4.5 TB/s x ~1 us / 132 SMs ~ 35
+ * KiB); and it fits the 99 KiB of consumer GPUs and the A100's 163. A T4 (64 KiB) takes a ring of
+ * two: the same tiles and warps, one tile copying while one computes, 64 KiB; its merge takes at
+ * most 512 slices (its splits rule asks for at most one per resident block, 40 on a T4). The tile
+ * stays: a smaller Bc at d = 128 would leave each warp 8 keys, less than a k16 step of P_ij V_j. */
+template <int HeadDim>
+struct cfg;
+template <>
+struct cfg<64> { typedef config_list<tiles<64, 128, 3>,    /* 96 KiB */
+                                     tiles<64, 128, 2>> list; };  /* 64 KiB */
+template <>
+struct cfg<128> { typedef config_list<tiles<128, 64, 3>,   /* 96 KiB */
+                                      tiles<128, 64, 2>> list; }; /* 64 KiB */
+
+/* Calls f(Tiles{}) with the first configuration of head dim d that fits `limit` bytes. */
+template <class F>
+int with_tiles(int d, size_t limit, char *why, size_t n, F &&f)
+{
+    switch (d) {
+    case 64: return first_fit(cfg<64>::list(), limit, d, why, n, f);
+    case 128: return first_fit(cfg<128>::list(), limit, d, why, n, f);
+    }
+    snprintf(why, n, "supports head dim 64 or 128 (got d=%d)", d);
+    return ATTN_UNSUPPORTED;
+}
 
 /* ---- kernel ---- */
 
@@ -121,12 +149,11 @@ struct tiles {
  * The partials are read with __ldcg (ld.global.cg: from L2, never L1). The other blocks wrote them
  * through L2, and this SM's L1 may hold lines of the workspace from before (a block that ran here
  * earlier, or the previous call): an ordinary load could hit such a stale line. */
-template <typename T, int HeadDim>
+template <typename T, class Tiles>
 __device__ __forceinline__ void merge_slices(const float *O_part, const float *L_part, T *O, float *L,
                                              size_t rows_all, size_t row0, int rows, int S, unsigned char *smem)
 {
-    typedef tiles<HeadDim> Tiles;
-    constexpr int NTHREADS = Tiles::NTHREADS, QUADS = HeadDim / 4;
+    constexpr int HeadDim = Tiles::HeadDim, NTHREADS = Tiles::NTHREADS, QUADS = HeadDim / 4;
     constexpr int PER_ROW = NTHREADS / Br; /* threads per row for the weights: 8 */
     static_assert(NTHREADS % Br == 0 && WARP_SIZE % PER_ROW == 0, "a row's threads within one warp");
     float *w = (float *)(smem + Tiles::slices_w); /* [S][Br]: L_s, then w_s */
@@ -181,16 +208,16 @@ __device__ __forceinline__ void merge_slices(const float *O_part, const float *L
  * keys of slice blockIdx.y of that KV head. With one slice (gridDim.y == 1) it writes O and L
  * itself; otherwise its partial O_s and L_s, and the last of the row tile's S blocks to finish
  * merges them (merge_slices). tickets: a counter per row tile (blockIdx.x), zero between calls. */
-template <typename T, int HeadDim>
-__global__ void __launch_bounds__(tiles<HeadDim>::NTHREADS)
+template <typename T, class Tiles>
+__global__ void __launch_bounds__(Tiles::NTHREADS)
 stage14_split_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__restrict__ V, T *__restrict__ O,
                      float *__restrict__ L, float *__restrict__ O_part, float *__restrict__ L_part,
                      unsigned *__restrict__ tickets, int B, int H, int H_kv, int N_q, int N_kv, int causal,
                      float scale_log2, int row_tiles)
 {
-    typedef tiles<HeadDim> Tiles;
     typedef mma16<T> M;
-    constexpr int NTHREADS = Tiles::NTHREADS, Bc = Tiles::Bc, KW = Tiles::KEYS_PER_WARP;
+    constexpr int HeadDim = Tiles::HeadDim, NTHREADS = Tiles::NTHREADS, Bc = Tiles::Bc, KW = Tiles::KEYS_PER_WARP;
+    constexpr int STAGES = Tiles::STAGES;
     constexpr int KT = KW / 8;      /* key tiles: n8 tiles of S_ij in this warp's keys of a tile */
     constexpr int DT = HeadDim / 8; /* dim tiles: n8 column tiles of O_i */
     extern __shared__ __align__(128) unsigned char smem[];
@@ -429,7 +456,7 @@ stage14_split_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
                                     * they are written */
     }
     if (!__syncthreads_or(last)) return; /* (a barrier: thread 0's ticket for the whole block) */
-    merge_slices<T, HeadDim>(O_part, L_part, O, L, rows_all, group_row0 + r0, min(Br, M_rows - r0), S, smem);
+    merge_slices<T, Tiles>(O_part, L_part, O, L, rows_all, group_row0 + r0, min(Br, M_rows - r0), S, smem);
 }
 
 /* ---- launcher ---- */
@@ -437,27 +464,27 @@ stage14_split_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
 int row_tiles_of(const struct shape *sh) { return CEIL_DIV(sh->H / shape_kv_heads(sh) * sh->N, Br); }
 
 /* Blocks of the split kernel one SM holds (its shared memory decides: 2 on sm_90, 1 on sm_80),
- * times the SMs: how many run at once. Asked of the device once per head dim. */
-template <int HeadDim>
+ * times the SMs: how many run at once. Asked of the device once per configuration. */
+template <class Tiles>
 int resident_blocks(char *why, size_t n)
 {
     static int cached = 0;
     if (cached) return cached;
-    typedef tiles<HeadDim> Tiles;
-    if (smem_optin(stage14_split_kernel<__half, HeadDim>, Tiles::bytes, HeadDim, why, n)) return -1;
-    if (smem_optin(stage14_split_kernel<__nv_bfloat16, HeadDim>, Tiles::bytes, HeadDim, why, n)) return -1;
+    constexpr int HeadDim = Tiles::HeadDim;
+    if (smem_optin(stage14_split_kernel<__half, Tiles>, Tiles::smem_bytes, HeadDim, why, n)) return -1;
+    if (smem_optin(stage14_split_kernel<__nv_bfloat16, Tiles>, Tiles::smem_bytes, HeadDim, why, n)) return -1;
     /* all of the SM's unified L1/shared memory as shared memory (the loads bypass L1: cp.async.cg),
      * so that two blocks fit wherever the device has room for them, rather than where the driver's
      * default split happens to leave it */
     int dev = 0, sms = 0, per_sm = 0;
-    if (cudaFuncSetAttribute(stage14_split_kernel<__half, HeadDim>, cudaFuncAttributePreferredSharedMemoryCarveout,
+    if (cudaFuncSetAttribute(stage14_split_kernel<__half, Tiles>, cudaFuncAttributePreferredSharedMemoryCarveout,
                              cudaSharedmemCarveoutMaxShared) != cudaSuccess ||
-        cudaFuncSetAttribute(stage14_split_kernel<__nv_bfloat16, HeadDim>,
+        cudaFuncSetAttribute(stage14_split_kernel<__nv_bfloat16, Tiles>,
                              cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) != cudaSuccess ||
         cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, stage14_split_kernel<__half, HeadDim>,
-                                                      Tiles::NTHREADS, Tiles::bytes) != cudaSuccess) {
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, stage14_split_kernel<__half, Tiles>,
+                                                      Tiles::NTHREADS, Tiles::smem_bytes) != cudaSuccess) {
         snprintf(why, n, "cannot ask the device for its SMs and the kernel's occupancy: %s",
                  cudaGetErrorString(cudaGetLastError()));
         return -1;
@@ -474,24 +501,28 @@ int resident_blocks(char *why, size_t n)
  *   per = ceil(Tc / S_wave) tiles a slice,  S = ceil(Tc / per),
  * the fewest slices whose longest is no longer than S_wave slices' longest (the time is the longest
  * slice's; a slice more only adds to the merge): at Tc = 256 tiles and S_wave = 33, 32 slices of 8
- * tiles rather than 33 of 7 or 8. S <= Tc (a slice of at least one tile). */
+ * tiles rather than 33 of 7 or 8. S <= Tc (a slice of at least one tile), and no more than the
+ * configuration's merge takes (max_splits: at most 512, more than any GPU holds blocks of it). */
+template <class Tiles>
 int splits_for(const struct shape *sh, char *why, size_t n)
 {
     if (sh->splits > 0) return sh->splits;
-    const int slots = sh->d == 64 ? resident_blocks<64>(why, n) : resident_blocks<128>(why, n);
+    const int slots = resident_blocks<Tiles>(why, n);
     if (slots < 0) return -1;
     const long long groups = (long long)sh->B * shape_kv_heads(sh) * row_tiles_of(sh);
-    const long long Tc = CEIL_DIV(shape_kv_len(sh), sh->d == 64 ? tiles<64>::Bc : tiles<128>::Bc);
-    const long long S_wave = std::max(1LL, slots / groups);
+    const long long Tc = CEIL_DIV(shape_kv_len(sh), Tiles::Bc);
+    const long long S_wave = std::min((long long)Tiles::max_splits, std::max(1LL, slots / groups));
     const long long per = CEIL_DIV(Tc, S_wave);
     return (int)CEIL_DIV(Tc, per);
 }
 
-/* For the harness's report (the descriptor's kv_splits): the S a run of this shape uses. */
+/* For the harness's report (the descriptor's kv_splits): the S a run of this shape uses, with the
+ * tiles this device takes. */
 int kv_splits(const struct shape *sh)
 {
     char why[256];
-    const int S = sh->d == 64 || sh->d == 128 ? splits_for(sh, why, sizeof why) : 1;
+    const int S = with_tiles(sh->d, gpu_smem_limit(), why, sizeof why,
+                             [&](auto tl) { return splits_for<decltype(tl)>(sh, why, sizeof why); });
     return S > 0 ? S : 1;
 }
 
@@ -505,19 +536,27 @@ size_t workspace_bytes(const struct shape *sh)
     return S > 1 ? (size_t)S * shape_rows(sh) * (sh->d + 1) * sizeof(float) + row_tile_count * sizeof(unsigned) : 0;
 }
 
-template <typename T, int HeadDim>
+/* --splits beyond what the configuration's merge holds the weights of (max_splits): ATTN_UNSUPPORTED,
+ * one line. */
+template <class Tiles>
+int splits_refused(int S, char *why, size_t n)
+{
+    if (S <= Tiles::max_splits) return 0;
+    snprintf(why, n, "at most %d slices of the keys with this device's tiles (Bc=%d, %d K/V stages; got --splits %d)",
+             Tiles::max_splits, Tiles::Bc, Tiles::STAGES, S);
+    return ATTN_UNSUPPORTED;
+}
+
+template <typename T, class Tiles>
 int launch(const struct attn_args *a, char *why, size_t n)
 {
-    typedef tiles<HeadDim> Tiles;
+    constexpr int HeadDim = Tiles::HeadDim;
     const struct shape *sh = &a->sh;
-    if (int rc = smem_optin(stage14_split_kernel<T, HeadDim>, Tiles::bytes, HeadDim, why, n)) return rc;
-    if (resident_blocks<HeadDim>(why, n) < 0) return ATTN_CUDA_ERROR; /* (once: sets the carveout too) */
-    const int S = splits_for(sh, why, n);
+    if (int rc = smem_optin(stage14_split_kernel<T, Tiles>, Tiles::smem_bytes, HeadDim, why, n)) return rc;
+    if (resident_blocks<Tiles>(why, n) < 0) return ATTN_CUDA_ERROR; /* (once: sets the carveout too) */
+    const int S = splits_for<Tiles>(sh, why, n);
     if (S < 0) return ATTN_CUDA_ERROR;
-    if (S > MAX_SPLITS) {
-        snprintf(why, n, "at most %d slices of the keys (got --splits %d)", MAX_SPLITS, S);
-        return ATTN_UNSUPPORTED;
-    }
+    if (int rc = splits_refused<Tiles>(S, why, n)) return rc;
     const int row_tiles = row_tiles_of(sh);
     const long long blocks = (long long)sh->B * shape_kv_heads(sh) * row_tiles;
     if (blocks > 2147483647LL) {
@@ -538,22 +577,18 @@ int launch(const struct attn_args *a, char *why, size_t n)
     }
     const float scale_log2 = sh->scale * LOG2E;
     /* (batch, KV head, row tile) in x, the slice in y (S <= 1024, under y's 65535) */
-    stage14_split_kernel<T, HeadDim><<<dim3((unsigned)blocks, (unsigned)S), Tiles::NTHREADS, Tiles::bytes>>>(
+    stage14_split_kernel<T, Tiles><<<dim3((unsigned)blocks, (unsigned)S), Tiles::NTHREADS, Tiles::smem_bytes>>>(
         (const T *)a->Q, (const T *)a->K, (const T *)a->V, (T *)a->O, a->L, O_part, L_part, tickets, sh->B, sh->H,
         shape_kv_heads(sh), sh->N, shape_kv_len(sh), sh->causal, scale_log2, row_tiles);
     CUDA_TRY(cudaGetLastError());
     return 0;
 }
 
+/* dtype and head dim (its tiles: the first that fits this device) -> the kernel's template arguments */
 template <typename T>
 int dispatch_d(const struct attn_args *a, char *why, size_t n)
 {
-    switch (a->sh.d) {
-    case 64: return launch<T, 64>(a, why, n);
-    case 128: return launch<T, 128>(a, why, n);
-    }
-    snprintf(why, n, "supports head dim 64 or 128 (got d=%d)", a->sh.d);
-    return ATTN_UNSUPPORTED;
+    return with_tiles(a->sh.d, gpu_smem_limit(), why, n, [&](auto tl) { return launch<T, decltype(tl)>(a, why, n); });
 }
 
 int forward(const struct attn_args *a, char *why, size_t n)
@@ -562,6 +597,18 @@ int forward(const struct attn_args *a, char *why, size_t n)
     if (a->dtype == DT_BF16) return dispatch_d<__nv_bfloat16>(a, why, n);
     snprintf(why, n, "supports fp16 and bf16 (got %s)", dtype_name(a->dtype));
     return ATTN_UNSUPPORTED;
+}
+
+/* The tiles forward takes where a block may have `limit` bytes (the summary names them); a
+ * --splits their merge cannot take is refused here too, before anything runs. */
+int tiles_for(const struct attn_args *a, int backward, size_t limit, struct tile_config *c)
+{
+    (void)backward; /* a forward only */
+    return with_tiles(a->sh.d, limit, c->text, sizeof c->text, [&](auto tl) {
+        typedef decltype(tl) Tl;
+        if (int rc = splits_refused<Tl>(a->sh.splits, c->text, sizeof c->text)) return rc;
+        return tiles_found(c, Br, Tl::Bc, Tl::smem_bytes, "Br=%d Bc=%d, %d K/V stages", Br, Tl::Bc, Tl::STAGES);
+    });
 }
 
 } // namespace
@@ -583,4 +630,5 @@ extern "C" const struct stage stage14_desc = {
     .kv_cache = 1,
     .max_seqlen = 64,
     .kv_splits = kv_splits,
+    .tiles = tiles_for,
 };

@@ -10,6 +10,11 @@
  *                         N = 1000 and B·H = 192 at N = 129: two runs give dQ, dK, dV with
  *                         identical bits; dK and dV are the atomic path's bit for bit; dQ agrees
  *                         with the atomic path's within tol_grad.
+ * backward::deterministic_small_smem  the same comparisons where a block may have only the
+ *                         shared memory of the backward's smallest tiles (ATTN_SMEM_CAP_KB: 41, 41,
+ *                         53 KiB at d = 32, 64, 128; 163 at d = 256, an A100's), so that the
+ *                         smaller dK/dV and dQ tiles an H200 never picks run too: every d, fp16,
+ *                         causal and not, B = 2, H = 3, N = 1000.
  * Cases skip with a one-line reason where there is no CUDA device, or where the device cannot run
  * them (test_require_fit: bf16 on Turing's code, tiles larger than its shared memory).
  */
@@ -118,7 +123,8 @@ ParameterizedTestParameters(backward, deterministic)
     return cr_make_param_array(struct test_case, p, count, test_free_params);
 }
 
-ParameterizedTest(struct test_case *c, backward, deterministic)
+/* Runs c's shape twice with --deterministic and once without, and compares as described above. */
+static void test_deterministic_vs_atomic(const struct test_case *c)
 {
     const struct stage *st = all_stages[c->stage];
     const struct shape *sh = &c->sh;
@@ -153,4 +159,32 @@ ParameterizedTest(struct test_case *c, backward, deterministic)
     free(want), free(Q), free(K), free(V), free(dO);
     for (int run = 0; run < 3; run++)
         for (int t = 0; t < 3; t++) free(g[run][t]);
+}
+
+ParameterizedTest(struct test_case *c, backward, deterministic) { test_deterministic_vs_atomic(c); }
+
+/* One case with a capped shared memory: a stage and a head dim, causal or not (fp16). */
+ParameterizedTestParameters(backward, deterministic_small_smem)
+{
+    size_t max = (size_t)n_all_stages * TEST_COUNT(test_bwd_grid_d) * 2;
+    struct test_case *p = cr_malloc(max * sizeof *p);
+    size_t count = 0;
+    char why[256];
+    for (int s = 0; s < n_all_stages; s++) {
+        if (!all_stages[s]->measures_backward || !test_stage_selected(all_stages[s])) continue;
+        for (size_t di = 0; di < TEST_COUNT(test_bwd_grid_d); di++)
+            for (int causal = 0; causal <= 1; causal++) {
+                struct shape sh = test_shape(2, 3, 1000, test_bwd_grid_d[di], causal);
+                if (!stage_supports(all_stages[s], &sh, DT_F16, why, sizeof why)) continue;
+                p[count++] = (struct test_case){.stage = s, .sh = sh, .dtype = DT_F16, .amplitude = 1.0f};
+            }
+    }
+    return cr_make_param_array(struct test_case, p, count, test_free_params);
+}
+
+ParameterizedTest(struct test_case *c, backward, deterministic_small_smem)
+{
+    /* this test's process only: the cap is read once, at the first look at the device's limit */
+    setenv("ATTN_SMEM_CAP_KB", c->sh.d == 256 ? "163" : c->sh.d == 128 ? "53" : "41", 1);
+    test_deterministic_vs_atomic(c);
 }

@@ -22,6 +22,12 @@
  * KV group of the first and last batch) and, for every element, a finiteness check (outputs are
  * poisoned first: a row left unwritten is NaN).
  *
+ * A GPU case skips with a one-line reason where there is no CUDA device or where the device cannot
+ * run it: bf16 on Turing's code, or no tiles of the stage fit the shared memory a block may have
+ * (ATTN_SMEM_CAP_KB lowers it), or --splits more than those tiles' merge takes (stage 14 with a
+ * ring of two stages, 64 KiB: 512). ATTN_TEST_STAGES keeps the grids to the stages it lists, as in
+ * test_stages.c.
+ *
  * Every case checks the stage's second call on its workspace: the harness calls a stage that has
  * one once before the checked call, on all-zero queries (common/cuda/runner.cu, first_call). Stage
  * 14's merge counts the slices written in that workspace; a count the first call did not put back
@@ -45,7 +51,10 @@ static void test_kv_vs_reference(const struct test_case *tc)
     const struct shape *sh = &tc->sh;
     char label[192], why[256];
     test_label(tc, label, sizeof label);
-    if (st->device == ON_GPU) test_require_gpu_arch(st->arch_sm, st->name);
+    if (st->device == ON_GPU) {
+        test_require_gpu_arch(st->arch_sm, st->name);
+        test_require_fit(st, sh, tc->dtype, 0, 0);
+    }
     cr_assert(stage_supports(st, sh, tc->dtype, why, sizeof why), "%s: %s", label, why);
 
     const size_t n = shape_elems(sh), nkv = shape_kv_elems(sh), rows = shape_rows(sh);
@@ -104,8 +113,11 @@ static void test_kv_vs_reference(const struct test_case *tc)
     free(Q), free(K), free(V), free(O), free(L);
 }
 
-/* The stages that take a KV cache, stage 1 (the reference) left out. */
-static int test_kv_stage(int s) { return all_stages[s]->kv_cache && all_stages[s] != &stage1_desc; }
+/* The stages that take a KV cache, stage 1 (the reference) left out, where ATTN_TEST_STAGES takes them. */
+static int test_kv_stage(int s)
+{
+    return all_stages[s]->kv_cache && all_stages[s] != &stage1_desc && test_stage_selected(all_stages[s]);
+}
 
 /* ---- the grid ---- */
 

@@ -10,6 +10,12 @@
  *                             refuses with one line saying what it needs.
  * tiles::smaller_as_designed  stage 9 at d = 256: 99 KiB takes K/V tiles of 32 keys, 64 KiB of 16;
  *                             under its smallest tiles (16 KiB) a reason naming what those need.
+ * tiles::deterministic_backward  stage 10's --deterministic dQ kernel: where it fits, and the
+ *                             one-line refusal elsewhere.
+ * tiles::split_kv_ring        stage 14 at 227, 163, 99 KiB: a ring of three K/V stages (96 KiB), at
+ *                             64 KiB of two (64 KiB), the same K/V tiles; --splits up to what the
+ *                             configuration's merge takes (1024, or 512 with two stages), more
+ *                             refused in one line.
  */
 #include "common_test.h"
 #include <string.h>
@@ -55,6 +61,7 @@ Test(tiles, h200_unchanged)
         {"stage8", 0, 128, 128, 64},  {"stage9", 0, 32, 128, 128},  {"stage9", 0, 64, 128, 128},
         {"stage9", 0, 128, 128, 64},  {"stage9", 0, 256, 64, 64},   {"stage10", 1, 32, 128, 128},
         {"stage10", 1, 64, 128, 128}, {"stage10", 1, 128, 64, 128}, {"stage10", 1, 256, 64, 64},
+        {"stage14", 0, 64, 16, 128},  {"stage14", 0, 128, 16, 64},
     };
     const struct stage *st[16];
     test_tiled_stages(st, 16);
@@ -111,28 +118,73 @@ Test(tiles, smaller_as_designed)
               "stage9 d=256 at 16 KiB: want the refusal naming its smallest tiles' 64 KiB, got rc %d: %s", rc, c.text);
 }
 
-/* --deterministic's dQ kernel (stage 10) has one configuration per head dim: 49 KiB at d = 32,
- * 97 KiB at d = 64 and 128, 193 KiB at d = 256. It fits a 99 KiB device up to d = 128; at 64 KiB
- * only d = 32, and elsewhere the refusal is one line that says the atomic path fits. */
+/* --deterministic's dQ kernel (stage 10) has a list of tiles per head dim, as the dK/dV kernel
+ * has: up to d = 128 it fits wherever the backward without it fits (its smallest dK/dV tiles:
+ * 41, 40.5 and 52.5 KiB at d = 32, 64, 128), and at 64 KiB (a T4). At d = 256 its smallest
+ * tiles take 161 KiB: an A100's 163 KiB runs it; 140 KiB (the dK/dV kernel's 136.5 fits) refuses
+ * --deterministic alone in one line that says the atomic path fits, and 99 KiB refuses the
+ * backward itself. */
 Test(tiles, deterministic_backward)
 {
+    const struct stage *st[16];
+    test_tiled_stages(st, 16);
     const struct stage *s10 = test_find_stage("stage10");
-    if (!s10) cr_skip_test("stage 10 is not built here");
     static const struct { int d, kib, fits; } want[] = {
-        {32, 64, 1}, {64, 64, 0}, {128, 64, 0}, {64, 99, 1}, {128, 99, 1}, {256, 163, 0}, {256, 227, 1},
+        {32, 41, 1},  {64, 41, 1},   {128, 53, 1},  {32, 64, 1},  {64, 64, 1},
+        {128, 64, 1}, {64, 99, 1},   {128, 99, 1},  {256, 140, 0}, {256, 163, 1}, {256, 227, 1},
     };
     for (size_t k = 0; k < TEST_COUNT(want); k++) {
         struct tile_config c;
-        const int rc = test_tiles_det(s10, want[k].d, 1, 1, (size_t)want[k].kib * KIB, &c);
+        const size_t limit = (size_t)want[k].kib * KIB;
+        const int rc = test_tiles_det(s10, want[k].d, 1, 1, limit, &c);
         if (want[k].fits)
-            cr_expect(rc == 0, "stage10 --deterministic d=%d at %d KiB: no tiles: %s", want[k].d, want[k].kib, c.text);
-        else if (want[k].d == 256)
-            cr_expect(rc == ATTN_UNSUPPORTED && !strchr(c.text, '\n'), "stage10 --deterministic d=256 at %d KiB: rc %d: %s",
-                      want[k].kib, rc, c.text);
+            cr_expect(rc == 0 && c.smem_bytes <= limit, "stage10 --deterministic d=%d at %d KiB: rc %d, tiles '%s' of "
+                      "%zu bytes", want[k].d, want[k].kib, rc, c.text, c.smem_bytes);
         else
-            cr_expect(rc == ATTN_UNSUPPORTED && strstr(c.text, "without --deterministic the backward fits") &&
+            cr_expect(rc == ATTN_UNSUPPORTED && strstr(c.text, "without it the backward fits") &&
                           !strchr(c.text, '\n'),
                       "stage10 --deterministic d=%d at %d KiB: want a one-line refusal, got rc %d: %s", want[k].d,
                       want[k].kib, rc, c.text);
     }
+    struct tile_config c;
+    const int rc = test_tiles_det(s10, 256, 1, 1, 99 * KIB, &c);
+    cr_expect(rc == ATTN_UNSUPPORTED && strstr(c.text, "d=256 needs at least 136.5 KiB") && !strchr(c.text, '\n'),
+              "stage10 --deterministic d=256 at 99 KiB: want the backward's own one-line refusal, got rc %d: %s", rc,
+              c.text);
+}
+
+/* Stage 14 (split-KV decoding): the same K/V tiles everywhere (Bc = 128 at d = 64, 64 at d = 128,
+ * 32 KiB of K and V a tile), three of them in the ring (96 KiB) where the device allows it, two (64
+ * KiB) on a T4. The merge keeps a weight per slice and row over the ring: 1024 slices with three
+ * stages, 512 with two; more is refused in one line, before anything runs. */
+Test(tiles, split_kv_ring)
+{
+    const struct stage *st[16];
+    test_tiled_stages(st, 16);
+    const struct stage *s14 = test_find_stage("stage14");
+    static const struct { int kib, stages, max_splits; } want[] = {{227, 3, 1024}, {163, 3, 1024}, {99, 3, 1024}, {64, 2, 512}};
+    static const struct { int d, Bc; } dims[] = {{64, 128}, {128, 64}};
+    for (size_t k = 0; k < TEST_COUNT(want); k++)
+        for (size_t j = 0; j < TEST_COUNT(dims); j++) {
+            const size_t limit = (size_t)want[k].kib * KIB;
+            char words[32];
+            snprintf(words, sizeof words, "%d K/V stages", want[k].stages);
+            struct attn_args a = {.sh = test_kv_shape(1, 32, 8, 1, 16384, dims[j].d, 0), .dtype = DT_F16};
+            struct tile_config c;
+            cr_assert(s14->tiles(&a, 0, limit, &c) == 0, "stage14 d=%d at %d KiB: no tiles: %s", dims[j].d, want[k].kib,
+                      c.text);
+            cr_expect(c.Br == 16 && c.Bc == dims[j].Bc && strstr(c.text, words) &&
+                          c.smem_bytes == (size_t)want[k].stages * 32 * KIB,
+                      "stage14 d=%d at %d KiB takes '%s' (%zu bytes), want Br=16 Bc=%d, %s (%d KiB)", dims[j].d,
+                      want[k].kib, c.text, c.smem_bytes, dims[j].Bc, words, want[k].stages * 32);
+            a.sh.splits = want[k].max_splits;
+            cr_expect(s14->tiles(&a, 0, limit, &c) == 0, "stage14 d=%d at %d KiB refuses --splits %d: %s", dims[j].d,
+                      want[k].kib, a.sh.splits, c.text);
+            if (want[k].max_splits == 1024) continue; /* the command line's own limit (test_cli.c) */
+            a.sh.splits = want[k].max_splits + 1;
+            const int rc = s14->tiles(&a, 0, limit, &c);
+            cr_expect(rc == ATTN_UNSUPPORTED && strstr(c.text, "at most 512 slices") && !strchr(c.text, '\n'),
+                      "stage14 d=%d at %d KiB --splits %d: want a one-line refusal naming 512, got rc %d: %s", dims[j].d,
+                      want[k].kib, a.sh.splits, rc, c.text);
+        }
 }
