@@ -342,11 +342,10 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
             wgmma_commit();
         };
 
-        /* S_ij (in registers) masked and through the online softmax: P_ij in place, as fp32, and m_i,
+        /* S_ij (in registers; key0 = j Bc, its first key) masked and through the online softmax: P_ij in place, as fp32, and m_i,
          * l_i updated. O_i's factor alpha is returned, not applied: with OVERLAP the tensor cores are
          * still adding P_{i,j-1} V_{j-1} into O_i while this runs. */
-        auto softmax = [&](float (&S_ij)[M_TILES][KT][4], int j, float (&alpha)[M_TILES][2]) {
-            const int key0 = j * Bc; /* first key of this tile */
+        auto softmax = [&](float (&S_ij)[M_TILES][KT][4], int key0, float (&alpha)[M_TILES][2]) {
             /* Masks, only on the tiles that need them: the tail tile (keys past N) and, when causal,
              * the tiles that cross the diagonal (some key after some query of this tile). */
             if (key0 + Bc > N || (causal && key0 + Bc - 1 > q0)) {
@@ -388,6 +387,9 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
                         sum += p0 + p1;
                     }
                     l_i[mt][h] = alpha[mt][h] * l_i[mt][h] + sum;
+                    if constexpr (!OVERLAP) /* O_i is ours: rescaled here, row by row */
+    #pragma unroll
+                        for (int nt = 0; nt < DT; nt++) O_acc[mt][nt][2 * h] *= alpha[mt][h], O_acc[mt][nt][2 * h + 1] *= alpha[mt][h];
                     if (t == 0 && q0 + row0 + mt * 16 + 8 * h + g < N) tally.add(CNT_ROW_CORRECT);
                 }
         };
@@ -395,13 +397,14 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
         /* O_i *= alpha, then P_ij packed into 16-bit A fragments: two n8 key tiles' C layout is one
          * k16 step's A layout (wgmma.cuh) */
         auto rescale_pack = [&](const float (&S_ij)[M_TILES][KT][4], const float (&alpha)[M_TILES][2]) {
+            if constexpr (OVERLAP)
 #pragma unroll
-            for (int mt = 0; mt < M_TILES; mt++)
+                for (int mt = 0; mt < M_TILES; mt++)
 #pragma unroll
-                for (int h = 0; h < 2; h++)
+                    for (int h = 0; h < 2; h++)
 #pragma unroll
-                    for (int nt = 0; nt < DT; nt++)
-                        O_acc[mt][nt][2 * h] *= alpha[mt][h], O_acc[mt][nt][2 * h + 1] *= alpha[mt][h];
+                        for (int nt = 0; nt < DT; nt++)
+                            O_acc[mt][nt][2 * h] *= alpha[mt][h], O_acc[mt][nt][2 * h + 1] *= alpha[mt][h];
 #pragma unroll
             for (int kb = 0; kb < Bc / 16; kb++) {
                 P_ij[kb][0] = M::pack(S_ij[0][2 * kb][0], S_ij[0][2 * kb][1]);
@@ -415,6 +418,7 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
          * tensor cores take this group right after it), the turn given away, and one wait for both;
          * then the softmax, O_i rescaled, P_ij packed. */
         auto scores = [&](int j) {
+            const int key0 = j * Bc; /* first key of this tile */
             float S_ij[M_TILES][KT][4];
             issue_scores(S_ij, j);
             turn_end(); /* this turn's wgmma are issued: the tensor cores are the other warpgroup's next */
@@ -424,7 +428,7 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
             wgmma_hold(P_ij);
             if (TURNED && j > 0) release(j - 1); /* O_i += P_{i,j-1} V_{j-1} has read V_{j-1} */
             float alpha[M_TILES][2];
-            softmax(S_ij, j, alpha);
+            softmax(S_ij, key0, alpha);
             rescale_pack(S_ij, alpha);
         };
 
@@ -458,7 +462,7 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
                 wgmma_wait<1>(); /* S_{i,j+1} in registers; O_i += P_ij V_j may still be running */
                 wgmma_hold(S_ij[0]);
                 float alpha[M_TILES][2];
-                softmax(S_ij, j + 1, alpha); /* exp2 on the MUFU units, P_ij V_j on the tensor cores */
+                softmax(S_ij, (j + 1) * Bc, alpha); /* exp2 on the MUFU units, P_ij V_j on the tensor cores */
                 wgmma_wait<0>(); /* O_i += P_ij V_j done: O_i is ours again, P_ij's registers free */
                 wgmma_hold(O_acc[0]);
                 wgmma_hold(P_ij);
