@@ -463,7 +463,9 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
                 wgmma_hold(S_ij[0]);
                 float alpha[M_TILES][2];
                 softmax(S_ij, (j + 1) * Bc, alpha); /* exp2 on the MUFU units, P_ij V_j on the tensor cores */
-                wgmma_wait<0>(); /* O_i += P_ij V_j done: O_i is ours again, P_ij's registers free */
+                /* O_i += P_ij V_j done: O_i is ours again, P_ij's registers free. wgmma_wait_here: a
+                 * plain wait ptxas would place above the softmax (wgmma.cuh), leaving it nothing to overlap */
+                wgmma_wait_here<0>(j);
                 wgmma_hold(O_acc[0]);
                 wgmma_hold(P_ij);
                 release(j); /* tile j's stage: K_j read long ago, V_j now */
