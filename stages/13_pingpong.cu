@@ -1,7 +1,7 @@
 /* 13_pingpong.cu: FlashAttention-3's scheduling on Hopper: the two consumer warpgroups take
  *   turns at the tensor cores (ping-pong), and a persistent grid
  *
- * Changed from stage 12: the producer, the ring, the math and the turned loop are stage 12's; two
+ * Changed from stage 12: the producer, the ring, the math and the turned loop are stage 12's; three
  *   things are new.
  *   - Turns (ping-pong). A consumer warpgroup issues its wgmma (O_i += P_ij V_j together with
  *     S_{i,j+1} = Q_i K_{j+1}^T) only in its turn, and hands the turn to the other warpgroup as soon
@@ -15,14 +15,22 @@
  *     the consumers finish the last one. STAGE13_PERSISTENT=0 in the environment runs stage 12's
  *     grid instead (a block per item), =1 (the default) the persistent one; both are checked
  *     (STAGE13_BLOCKS=n: a persistent grid of n blocks, for the tests).
+ *   - Within a warpgroup, the softmax under its own P V (FlashAttention-3's intra-warpgroup
+ *     overlap), chosen at run time: STAGE13_OVERLAP=1 issues S_{i,j+1} = Q_i K_{j+1}^T first and
+ *     O_i += P_ij V_j second, waits for S alone, and runs the softmax of S_{i,j+1} while the tensor
+ *     cores still do P_ij V_j; O_i's rescale and P_{i,j+1}'s packing wait for P V. =0 (the default)
+ *     keeps the turned loop: P V, then S, one wait for both, then the softmax. Both are compiled
+ *     (the kernel's OVERLAP); d = 256, not turned, has one schedule. The summary names the one run.
  * Why: per K/V tile the exponentials are half the tensor cores' time at d = 128 and as much at
  *   d = 64 (989 TFLOP/s of fp16 matmul against 3.9 T exp2/s on an H100 or H200: 4096 FLOPs against
  *   16 exp2 per clock and SM). Overlapped they cost nothing; one after the other, they stretch
  *   every tile by half (d = 128) or double it (d = 64).
  * Hopper only: compiled for sm_90a (the Makefile's HOPPER_STAGES); elsewhere it exits 3.
- * Measured: not yet (notes/13_pingpong.md has the predictions).
+ * Measured on an H200 (turned schedule, notes/13_pingpong.md): 1.00x stage 12 over the benchmark grid,
+ *   0.94-0.99x at d = 64, up to 1.08x at d = 128; STAGE13_OVERLAP=1 not measured yet.
  * Run: ./stage13 --batch 1 --heads 16 --seqlen 16384 --dim 128 --causal
  *      STAGE13_PERSISTENT=0 ./stage13 --batch 1 --heads 16 --seqlen 16384 --dim 128 --causal
+ *      STAGE13_OVERLAP=1 ./stage13 --batch 1 --heads 16 --seqlen 16384 --dim 128 --causal
  */
 #include "common/attn.h"
 #include "common/cuda/counters.cuh"
@@ -135,8 +143,9 @@ struct tiles {
 
 /* ---- kernel ---- */
 
-/* COUNT: the counting build for --counters (common/cuda/counters.cuh); the timed build has none. */
-template <typename T, int HeadDim, bool COUNT>
+/* OVERLAP: the schedule of the turned loop, softmax under P V (1) or after it (0); see the loop.
+ * COUNT: the counting build for --counters (common/cuda/counters.cuh); the timed build has none. */
+template <typename T, int HeadDim, bool OVERLAP, bool COUNT>
 __global__ void __launch_bounds__(tiles<HeadDim>::NTHREADS, 1)
 stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_constant__ CUtensorMap tmap_K,
                         const __grid_constant__ CUtensorMap tmap_V, T *__restrict__ O_all, float *__restrict__ L_all,
@@ -146,6 +155,7 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
     typedef mma16<T> M;
     constexpr int M_TILES = Tiles::M_TILES, Br = Tiles::Br, Bc = Tiles::Bc, STAGES = Tiles::STAGES;
     constexpr bool TURNED = Tiles::TURNED, PINGPONG = Tiles::PINGPONG;
+    static_assert(!OVERLAP || TURNED, "the overlap leaves P_ij V_j running past the next S: a turned loop");
     constexpr int KT = Bc / 8;      /* key tiles: n8 tiles of S_ij */
     constexpr int DT = HeadDim / 8; /* dim tiles: n8 column tiles of O_i */
     extern __shared__ __align__(SW128_ATOM_BYTES) unsigned char smem[];
@@ -307,29 +317,35 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
             if (lane == 0) mbar_arrive(&empty[(it0 + j) % STAGES]);
         };
 
-        /* S_ij = Q_i K_j^T, masked, through the online softmax into P_ij; O_i rescaled. */
-        auto scores = [&](int j) {
+        /* S_ij = Q_i K_j^T issued (raw: the scale is applied inside the exponential), this
+         * warpgroup's 64 rows: one m64nBck16 wgmma per k16 step of the head dim, the first one
+         * overwriting S_ij (accumulate = 0), all in one group. S_ij[0]: a warp's one row tile. */
+        auto issue_scores = [&](float (&S_ij)[M_TILES][KT][4], int j) {
             const uint64_t K_j = wgmma_desc_step(K_desc, ((it0 + j) % STAGES) * TILE_BYTES);
-            const int key0 = j * Bc; /* first key of this tile */
-            /* S_ij = Q_i K_j^T (raw: the scale is applied inside the exponential), this warpgroup's
-             * 64 rows: one m64nBck16 wgmma per k16 step of the head dim, the first one overwriting
-             * S_ij (accumulate = 0), all in one group. S_ij[0] and O_acc[0]: a warp's one row tile.
-             * With the loop turned O_i += P_{i,j-1} V_{j-1} is still running: the tensor cores take
-             * this group right after it, and the wait covers both. */
-            float S_ij[M_TILES][KT][4];
             wgmma_fence(); /* S_ij's registers were last written by ordinary instructions (tile j-1) */
 #pragma unroll
             for (int k = 0; k < HeadDim / 16; k++)
                 wgmma_ss<T, Bc, 0>(S_ij[0], wgmma_desc_step(Q_desc, sw128_kmajor_step<Br>(k)),
                                    wgmma_desc_step(K_j, sw128_kmajor_step<Bc>(k)), k > 0);
             wgmma_commit();
-            turn_end(); /* this turn's wgmma are issued: the tensor cores are the other warpgroup's next */
-            wgmma_wait<0>(); /* S_ij in registers (and O_i += P_{i,j-1} V_{j-1} done) */
-            wgmma_hold(S_ij[0]);
+        };
+
+        /* O_i += P_ij V_j issued: one m64nDk16 wgmma per k16 step of keys, all in one group */
+        auto issue_pv = [&](int j) {
+            const uint64_t V_j = wgmma_desc_step(V_desc, ((it0 + j) % STAGES) * TILE_BYTES);
             wgmma_hold(O_acc[0]);
             wgmma_hold(P_ij);
-            if (TURNED && j > 0) release(j - 1); /* O_i += P_{i,j-1} V_{j-1} has read V_{j-1} */
+            wgmma_fence(); /* O_acc (rescaled) and P_ij were just written by ordinary instructions */
+#pragma unroll
+            for (int kb = 0; kb < Bc / 16; kb++)
+                wgmma_rs<T, HeadDim, 1>(O_acc[0], P_ij[kb], wgmma_desc_step(V_j, sw128_mnmajor_step(kb)), 1);
+            wgmma_commit();
+        };
 
+        /* S_ij (in registers; key0 = j Bc, its first key) masked and through the online softmax: P_ij in place, as fp32, and m_i,
+         * l_i updated. O_i's factor alpha is returned, not applied: with OVERLAP the tensor cores are
+         * still adding P_{i,j-1} V_{j-1} into O_i while this runs. */
+        auto softmax = [&](float (&S_ij)[M_TILES][KT][4], int key0, float (&alpha)[M_TILES][2]) {
             /* Masks, only on the tiles that need them: the tail tile (keys past N) and, when causal,
              * the tiles that cross the diagonal (some key after some query of this tile). */
             if (key0 + Bc > N || (causal && key0 + Bc - 1 > q0)) {
@@ -348,7 +364,7 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
             /* The online softmax per row, in registers (stage 8's, with the scale folded in):
              *   m_new = max(m_i, rowmax(S_ij));  base = scale * m_new * log2(e)
              *   P_ij  = exp2(scale_log2 * S_ij - base)          one FFMA and one MUFU per score
-             *   alpha = exp2(scale_log2 * m_i - base);  l_i = alpha l_i + rowsum(P_ij);  O_i *= alpha
+             *   alpha = exp2(scale_log2 * m_i - base);  l_i = alpha l_i + rowsum(P_ij);  (O_i *= alpha)
              * A row masked so far has m_new = -inf: base = 0, so P_ij = exp2(-inf) = 0, not NaN. */
     #pragma unroll
             for (int mt = 0; mt < M_TILES; mt++)
@@ -360,7 +376,7 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
                     mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1)); /* the quad holds the row */
                     mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
                     const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
-                    const float alpha = exp2_approx(m_i[mt][h] * scale_log2 - base);
+                    alpha[mt][h] = exp2_approx(m_i[mt][h] * scale_log2 - base);
                     m_i[mt][h] = mx;
                     float sum = 0.f;
     #pragma unroll
@@ -370,13 +386,25 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
                         S_ij[mt][nt][2 * h] = p0, S_ij[mt][nt][2 * h + 1] = p1;
                         sum += p0 + p1;
                     }
-                    l_i[mt][h] = alpha * l_i[mt][h] + sum;
+                    l_i[mt][h] = alpha[mt][h] * l_i[mt][h] + sum;
+                    if constexpr (!OVERLAP) /* O_i is ours: rescaled here, row by row */
     #pragma unroll
-                    for (int nt = 0; nt < DT; nt++) O_acc[mt][nt][2 * h] *= alpha, O_acc[mt][nt][2 * h + 1] *= alpha;
+                        for (int nt = 0; nt < DT; nt++) O_acc[mt][nt][2 * h] *= alpha[mt][h], O_acc[mt][nt][2 * h + 1] *= alpha[mt][h];
                     if (t == 0 && q0 + row0 + mt * 16 + 8 * h + g < N) tally.add(CNT_ROW_CORRECT);
                 }
-            /* P_ij packed into 16-bit A fragments: two n8 key tiles' C layout is one k16 step's A
-             * layout (wgmma.cuh) */
+        };
+
+        /* O_i *= alpha, then P_ij packed into 16-bit A fragments: two n8 key tiles' C layout is one
+         * k16 step's A layout (wgmma.cuh) */
+        auto rescale_pack = [&](const float (&S_ij)[M_TILES][KT][4], const float (&alpha)[M_TILES][2]) {
+            if constexpr (OVERLAP)
+#pragma unroll
+                for (int mt = 0; mt < M_TILES; mt++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+#pragma unroll
+                        for (int nt = 0; nt < DT; nt++)
+                            O_acc[mt][nt][2 * h] *= alpha[mt][h], O_acc[mt][nt][2 * h + 1] *= alpha[mt][h];
 #pragma unroll
             for (int kb = 0; kb < Bc / 16; kb++) {
                 P_ij[kb][0] = M::pack(S_ij[0][2 * kb][0], S_ij[0][2 * kb][1]);
@@ -384,6 +412,24 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
                 P_ij[kb][2] = M::pack(S_ij[0][2 * kb + 1][0], S_ij[0][2 * kb + 1][1]);
                 P_ij[kb][3] = M::pack(S_ij[0][2 * kb + 1][2], S_ij[0][2 * kb + 1][3]);
             }
+        };
+
+        /* Tile j's scores, not overlapped: S_ij issued (after O_i += P_{i,j-1} V_{j-1} when turned: the
+         * tensor cores take this group right after it), the turn given away, and one wait for both;
+         * then the softmax, O_i rescaled, P_ij packed. */
+        auto scores = [&](int j) {
+            const int key0 = j * Bc; /* first key of this tile */
+            float S_ij[M_TILES][KT][4];
+            issue_scores(S_ij, j);
+            turn_end(); /* this turn's wgmma are issued: the tensor cores are the other warpgroup's next */
+            wgmma_wait<0>(); /* S_ij in registers (and O_i += P_{i,j-1} V_{j-1} done) */
+            wgmma_hold(S_ij[0]);
+            wgmma_hold(O_acc[0]);
+            wgmma_hold(P_ij);
+            if (TURNED && j > 0) release(j - 1); /* O_i += P_{i,j-1} V_{j-1} has read V_{j-1} */
+            float alpha[M_TILES][2];
+            softmax(S_ij, key0, alpha);
+            rescale_pack(S_ij, alpha);
         };
 
         /* The loop, turned so that O_i += P_ij V_j is issued and left running while the warpgroup
@@ -395,34 +441,54 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
          * above), P_ij V_j is waited for at once and tile j released then.
          * With PINGPONG each S = Q K^T is issued in a turn, with the P V before it: the warpgroup
          * first waits for its tile (it never holds the turn while it waits on the copy engine), then
-         * for its turn, issues, and gives the turn away (in scores) before it waits for its wgmma. */
+         * for its turn, issues, and gives the turn away (in scores) before it waits for its wgmma.
+         * OVERLAP (FlashAttention-3's intra-warpgroup overlap) swaps the two in the turn and waits
+         * for them apart: S_{i,j+1} first, then O_i += P_ij V_j; wait for S alone (the groups
+         * complete in order), the softmax of S_{i,j+1} while the tensor cores do P_ij V_j; then
+         * wait for P V, and only then O_i *= alpha and P_{i,j+1} packed (both overwrite registers
+         * the running wgmma hold). */
         mbar_wait(Q_full, nth & 1); /* Q_i has landed (the block's nth Q_i; no fence, as for K_j, V_j) */
         next_tile(0);
         turn_begin();
         scores(0);
-        for (int j = 0; j < n_tiles; j++) {
-            if (PINGPONG && j + 1 < n_tiles) {
+        if constexpr (OVERLAP) {
+            for (int j = 0; j + 1 < n_tiles; j++) {
                 next_tile(j + 1);
-                turn_begin(); /* P_ij V_j and S_{i,j+1} go to the tensor cores in this turn */
-            }
-            /* O_i += P_ij V_j: one m64nDk16 wgmma per k16 step of keys, all in one group */
-            const uint64_t V_j = wgmma_desc_step(V_desc, ((it0 + j) % STAGES) * TILE_BYTES);
-            wgmma_hold(O_acc[0]);
-            wgmma_hold(P_ij);
-            wgmma_fence(); /* O_acc (rescaled) and P_ij were just written by ordinary instructions */
-#pragma unroll
-            for (int kb = 0; kb < Bc / 16; kb++)
-                wgmma_rs<T, HeadDim, 1>(O_acc[0], P_ij[kb], wgmma_desc_step(V_j, sw128_mnmajor_step(kb)), 1);
-            wgmma_commit();
-            if constexpr (!TURNED) {
-                wgmma_wait<0>(); /* O_i updated; V_j and P_ij read */
+                turn_begin(); /* S_{i,j+1} and P_ij V_j go to the tensor cores in this turn */
+                float S_ij[M_TILES][KT][4]; /* S_{i,j+1} */
+                issue_scores(S_ij, j + 1); /* first: the group the softmax waits for */
+                issue_pv(j);               /* second: left running under the softmax */
+                turn_end();
+                wgmma_wait<1>(); /* S_{i,j+1} in registers; O_i += P_ij V_j may still be running */
+                wgmma_hold(S_ij[0]);
+                float alpha[M_TILES][2];
+                softmax(S_ij, (j + 1) * Bc, alpha); /* exp2 on the MUFU units, P_ij V_j on the tensor cores */
+                /* O_i += P_ij V_j done: O_i is ours again, P_ij's registers free. wgmma_wait_here: a
+                 * plain wait ptxas would place above the softmax (wgmma.cuh), leaving it nothing to overlap */
+                wgmma_wait_here<0>(j);
                 wgmma_hold(O_acc[0]);
                 wgmma_hold(P_ij);
-                release(j);
+                release(j); /* tile j's stage: K_j read long ago, V_j now */
+                rescale_pack(S_ij, alpha);
             }
-            if (j + 1 < n_tiles) {
-                if (!PINGPONG) next_tile(j + 1);
-                scores(j + 1);
+            issue_pv(n_tiles - 1); /* the last P V, outside any turn (below) */
+        } else {
+            for (int j = 0; j < n_tiles; j++) {
+                if (PINGPONG && j + 1 < n_tiles) {
+                    next_tile(j + 1);
+                    turn_begin(); /* P_ij V_j and S_{i,j+1} go to the tensor cores in this turn */
+                }
+                issue_pv(j);
+                if constexpr (!TURNED) {
+                    wgmma_wait<0>(); /* O_i updated; V_j and P_ij read */
+                    wgmma_hold(O_acc[0]);
+                    wgmma_hold(P_ij);
+                    release(j);
+                }
+                if (j + 1 < n_tiles) {
+                    if (!PINGPONG) next_tile(j + 1);
+                    scores(j + 1);
+                }
             }
         }
         wgmma_wait<0>(); /* the last O_i += P_ij V_j */
@@ -504,43 +570,60 @@ void hbm_bytes(const struct shape *sh, struct hbm_traffic *t)
     t->q_reads = 1;
 }
 
-/* The grid, from the environment, read once per run: STAGE13_PERSISTENT=1 (or unset) a persistent
- * grid, a block per SM each looping over its work items (one block per item where there are
- * fewer); STAGE13_PERSISTENT=0 a block per item, stage 12's grid. STAGE13_BLOCKS=n gives the
- * persistent grid n blocks instead of one per SM: the tests take 1 and 3, so that a block runs
- * many items one after another on small problems. Returns 0 with the number of blocks in *blocks,
- * or ATTN_UNSUPPORTED or ATTN_CUDA_ERROR with the reason in why. */
-int grid_blocks(long long items, long long *blocks, char *why, size_t n)
+/* The run-time choices, from the environment (a bad value: ATTN_UNSUPPORTED, one line in why).
+ *   STAGE13_PERSISTENT=1 (or unset): a persistent grid, a block per SM each looping over its work
+ *     items (one block per item where there are fewer); =0: a block per item, stage 12's grid.
+ *   STAGE13_BLOCKS=n: the persistent grid gets n blocks instead of one per SM: the tests take 1 and
+ *     3, so that a block runs many items one after another on small problems.
+ *   STAGE13_OVERLAP=0 (or unset): the turned loop, softmax after P V; =1: FlashAttention-3's
+ *     intra-warpgroup overlap, softmax under P V (the kernel's loop). d = 256, not turned, runs its
+ *     one schedule under both. */
+struct choices {
+    int persistent;  /* 0: the plain grid */
+    long long blocks; /* the persistent grid's blocks; 0: one per SM */
+    int overlap;
+};
+int run_choices(struct choices *c, char *why, size_t n)
 {
-    static long long persistent = -1; /* 0: the plain grid; else the persistent grid's blocks */
-    if (persistent < 0) {
-        const char *p = getenv("STAGE13_PERSISTENT"), *b = getenv("STAGE13_BLOCKS");
-        if (p && *p && strcmp(p, "0") && strcmp(p, "1")) {
-            snprintf(why, n, "STAGE13_PERSISTENT=%s: expected 0 (a block per Q tile and head) or 1 (a block per SM, "
-                     "the default)", p);
-            return ATTN_UNSUPPORTED;
-        }
-        char *end = NULL;
-        const long long want = b && *b ? strtoll(b, &end, 10) : 0;
-        if (b && *b && (*end || want < 1 || want > 2147483647LL)) {
-            snprintf(why, n, "STAGE13_BLOCKS=%s: expected the persistent grid's blocks, 1 to 2^31 - 1", b);
-            return ATTN_UNSUPPORTED;
-        }
-        int dev = 0, sms = 0;
-        CUDA_TRY(cudaGetDevice(&dev));
-        CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-        persistent = p && !strcmp(p, "0") ? 0 : want ? want : sms;
+    const char *p = getenv("STAGE13_PERSISTENT"), *b = getenv("STAGE13_BLOCKS"), *o = getenv("STAGE13_OVERLAP");
+    if (p && *p && strcmp(p, "0") && strcmp(p, "1")) {
+        snprintf(why, n, "STAGE13_PERSISTENT=%s: expected 0 (a block per Q tile and head) or 1 (a block per SM, "
+                 "the default)", p);
+        return ATTN_UNSUPPORTED;
     }
-    *blocks = persistent ? std::min(items, persistent) : items;
+    if (o && *o && strcmp(o, "0") && strcmp(o, "1")) {
+        snprintf(why, n, "STAGE13_OVERLAP=%s: expected 0 (softmax after P V, the default) or 1 (softmax under P V)", o);
+        return ATTN_UNSUPPORTED;
+    }
+    char *end = NULL;
+    const long long want = b && *b ? strtoll(b, &end, 10) : 0;
+    if (b && *b && (*end || want < 1 || want > 2147483647LL)) {
+        snprintf(why, n, "STAGE13_BLOCKS=%s: expected the persistent grid's blocks, 1 to 2^31 - 1", b);
+        return ATTN_UNSUPPORTED;
+    }
+    *c = choices{!(p && !strcmp(p, "0")), want, o && !strcmp(o, "1")};
     return 0;
 }
 
-template <typename T, int HeadDim, bool COUNT>
-int launch(const struct attn_args *a, char *why, size_t n)
+/* The grid's blocks for `items` work items under the choices c. Returns 0, or ATTN_CUDA_ERROR. */
+int grid_blocks(const struct choices *c, long long items, long long *blocks, char *why, size_t n)
+{
+    static int sms = 0; /* the device's SMs, asked once per run */
+    if (!sms) {
+        int dev = 0;
+        CUDA_TRY(cudaGetDevice(&dev));
+        CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    }
+    *blocks = !c->persistent ? items : std::min(items, c->blocks ? c->blocks : (long long)sms);
+    return 0;
+}
+
+template <typename T, int HeadDim, bool OVERLAP, bool COUNT>
+int launch(const struct attn_args *a, const struct choices *c, char *why, size_t n)
 {
     typedef tiles<HeadDim> Tiles;
     const size_t smem = Tiles::bytes;
-    if (int rc = smem_optin(stage13_pingpong_kernel<T, HeadDim, COUNT>, smem, HeadDim, why, n)) return rc;
+    if (int rc = smem_optin(stage13_pingpong_kernel<T, HeadDim, OVERLAP, COUNT>, smem, HeadDim, why, n)) return rc;
 
     const struct shape *sh = &a->sh;
     const long long bh = (long long)sh->B * sh->H;
@@ -550,7 +633,7 @@ int launch(const struct attn_args *a, char *why, size_t n)
         return ATTN_UNSUPPORTED;
     }
     long long blocks;
-    if (int rc = grid_blocks(items, &blocks, why, n)) return rc;
+    if (int rc = grid_blocks(c, items, &blocks, why, n)) return rc;
     /* The tensor maps, made on the host for this call's tensors (a few microseconds of CPU, no
      * GPU work) and passed by value: Q's boxes are Br rows, K's and V's Bc. */
     CUtensorMap tmap_Q, tmap_K, tmap_V;
@@ -560,20 +643,23 @@ int launch(const struct attn_args *a, char *why, size_t n)
     /* one dimension: the kernel numbers the items itself, heaviest first */
     const dim3 grid((unsigned)blocks);
     const dim3 block(Tiles::NTHREADS);
-    stage13_pingpong_kernel<T, HeadDim, COUNT><<<grid, block, smem>>>(
+    stage13_pingpong_kernel<T, HeadDim, OVERLAP, COUNT><<<grid, block, smem>>>(
         tmap_Q, tmap_K, tmap_V, (T *)a->O, a->L, sh->N, (int)bh, sh->causal, sh->scale * LOG2E, a->counters);
     CUDA_TRY(cudaGetLastError());
     return 0;
 }
 
-/* dtype, head dim and counting build -> the kernel's template arguments */
+/* dtype, head dim, schedule and counting build -> the kernel's template arguments (d = 256: one
+ * schedule, not turned) */
 template <typename T, bool COUNT>
 int dispatch_d(const struct attn_args *a, char *why, size_t n)
 {
+    struct choices c;
+    if (int rc = run_choices(&c, why, n)) return rc;
     switch (a->sh.d) {
-    case 64: return launch<T, 64, COUNT>(a, why, n);
-    case 128: return launch<T, 128, COUNT>(a, why, n);
-    case 256: return launch<T, 256, COUNT>(a, why, n);
+    case 64: return c.overlap ? launch<T, 64, true, COUNT>(a, &c, why, n) : launch<T, 64, false, COUNT>(a, &c, why, n);
+    case 128: return c.overlap ? launch<T, 128, true, COUNT>(a, &c, why, n) : launch<T, 128, false, COUNT>(a, &c, why, n);
+    case 256: return launch<T, 256, false, COUNT>(a, &c, why, n);
     }
     snprintf(why, n, "supports head dim 64, 128 or 256 (got d=%d)", a->sh.d);
     return ATTN_UNSUPPORTED;
@@ -593,6 +679,41 @@ int forward(const struct attn_args *a, char *why, size_t n)
     return ATTN_UNSUPPORTED;
 }
 
+/* What the summary names: the tiles, and the schedule and grid the environment chose. */
+template <int HeadDim>
+int tiles_of(const struct choices *ch, size_t limit, struct tile_config *c)
+{
+    typedef tiles<HeadDim> Tiles;
+    if (Tiles::bytes > limit) {
+        snprintf(c->text, sizeof c->text, "d=%d needs %zu.%zu KiB of shared memory per block; this device allows %zu KiB%s",
+                 HeadDim, Tiles::bytes / 1024, Tiles::bytes % 1024 * 10 / 1024, limit / 1024, smem_cap_words(limit));
+        return ATTN_UNSUPPORTED;
+    }
+    const char *schedule = !Tiles::TURNED ? "not turned (STAGE13_OVERLAP not used at this d)"
+                           : ch->overlap  ? "overlap: softmax under P V (STAGE13_OVERLAP=1)"
+                                          : "turned: softmax after P V (STAGE13_OVERLAP=0)";
+    char grid[48];
+    if (!ch->persistent) snprintf(grid, sizeof grid, "plain grid");
+    else if (ch->blocks) snprintf(grid, sizeof grid, "persistent grid of %lld blocks", ch->blocks);
+    else snprintf(grid, sizeof grid, "persistent grid");
+    return tiles_found(c, Tiles::Br, Tiles::Bc, Tiles::bytes, "Br=%d Bc=%d stages=%d, %s, %s, %s", Tiles::Br, Tiles::Bc,
+                       Tiles::STAGES, Tiles::PINGPONG ? "ping-pong" : "no turns", schedule, grid);
+}
+
+int tiles_for(const struct attn_args *a, int backward, size_t limit, struct tile_config *c)
+{
+    (void)backward; /* a forward only */
+    struct choices ch;
+    if (int rc = run_choices(&ch, c->text, sizeof c->text)) return rc;
+    switch (a->sh.d) {
+    case 64: return tiles_of<64>(&ch, limit, c);
+    case 128: return tiles_of<128>(&ch, limit, c);
+    case 256: return tiles_of<256>(&ch, limit, c);
+    }
+    snprintf(c->text, sizeof c->text, "supports head dim 64, 128 or 256 (got d=%d)", a->sh.d);
+    return ATTN_UNSUPPORTED;
+}
+
 } // namespace
 
 extern "C" const struct stage stage13_desc = {
@@ -608,4 +729,5 @@ extern "C" const struct stage stage13_desc = {
     .hbm_traffic = hbm_bytes,
     .measures_backward = 0,
     .arch_sm = 90,
+    .tiles = tiles_for,
 };

@@ -8,7 +8,8 @@
  * stages::one_head    B = H = 1, one long sequence with a tail, and N = 1: every stage.
  * stages::grids       a stage's run-time choices of grid, each over the grid of shapes (stage 13:
  *                     the plain grid, and persistent grids of 1 and 3 blocks, whose blocks run many
- *                     work items in a row, which one block per SM never does on the shapes above).
+ *                     work items in a row, which one block per SM never does on the shapes above;
+ *                     each with its default schedule and with STAGE13_OVERLAP=1).
  * A GPU case skips with a one-line reason where there is no CUDA device, where the stage is
  * built for another architecture than the device's (the Hopper stages, sm_90a), or where the
  * device cannot run that case: bf16 on Turing's code, or no tiles of the stage fit its shared
@@ -32,12 +33,16 @@ static void test_stage_vs_reference(const struct test_case *tc)
     const struct shape *sh = &tc->sh;
     char label[200], why[256];
     test_label(tc, label, sizeof label);
-    if (tc->env[0]) { /* NAME=value, in this case's own process */
-        char name[64];
-        const char *eq = strchr(tc->env, '=');
-        cr_assert(eq && eq - tc->env < (long)sizeof name, "%s: the case's environment is not NAME=value", label);
-        snprintf(name, sizeof name, "%.*s", (int)(eq - tc->env), tc->env);
-        cr_assert(setenv(name, eq + 1, 1) == 0, "%s: setenv failed", label);
+    /* NAME=value, space-separated, in this case's own process */
+    for (const char *e = tc->env; *e;) {
+        char name[64], value[48];
+        const char *eq = strchr(e, '='), *end = strchr(e, ' ');
+        if (!end) end = e + strlen(e);
+        cr_assert(eq && eq < end && eq - e < (long)sizeof name, "%s: the case's environment is not NAME=value", label);
+        snprintf(name, sizeof name, "%.*s", (int)(eq - e), e);
+        snprintf(value, sizeof value, "%.*s", (int)(end - eq - 1), eq + 1);
+        cr_assert(setenv(name, value, 1) == 0, "%s: setenv failed", label);
+        e = *end ? end + 1 : end;
     }
     if (st->device == ON_GPU) {
         test_require_gpu_arch(st->arch_sm, st->name);
@@ -169,14 +174,19 @@ ParameterizedTestParameters(stages, one_head)
 ParameterizedTest(struct test_case *tc, stages, one_head) { test_stage_vs_reference(tc); }
 
 /* ---- a stage's run-time grids ----
- * Stage 13 reads its grid from the environment (stages/13_pingpong.cu, grid_blocks): each choice
- * over the grid's shapes in the 16-bit dtypes. The persistent grid of 1 block runs every work item
- * in one block, so the ring's phases, the Q barriers and the turns carry over from item to item
- * (up to 48 items here); 3 blocks take the snake order's odd rounds and a last partial round. */
+ * Stage 13 reads its grid and its schedule from the environment (stages/13_pingpong.cu,
+ * run_choices): each grid over the grid's shapes in the 16-bit dtypes, with the default schedule
+ * and with the softmax under P V (STAGE13_OVERLAP=1; an env of several NAME=value is
+ * space-separated). The persistent grid of 1 block runs every work item in one block, so the
+ * ring's phases, the Q barriers and the turns carry over from item to item (up to 48 items here);
+ * 3 blocks take the snake order's odd rounds and a last partial round. */
 static const struct { const char *stage, *env; } test_grid_envs[] = {
     {"stage13", "STAGE13_PERSISTENT=0"},
     {"stage13", "STAGE13_BLOCKS=1"},
     {"stage13", "STAGE13_BLOCKS=3"},
+    {"stage13", "STAGE13_OVERLAP=1 STAGE13_PERSISTENT=0"},
+    {"stage13", "STAGE13_OVERLAP=1 STAGE13_BLOCKS=1"},
+    {"stage13", "STAGE13_OVERLAP=1 STAGE13_BLOCKS=3"},
 };
 static const enum dtype test_16bit[] = {DT_F16, DT_BF16};
 

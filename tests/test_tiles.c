@@ -7,7 +7,8 @@
  * tiles::fit_every_device     at 163 KiB (A100), 99 KiB (RTX 30, 40, 50 cards) and 64 KiB (T4)
  *                             every forward has tiles for every head dim it takes, within the
  *                             limit; so does the backward but at d = 256 below 136.5 KiB, which it
- *                             refuses with one line saying what it needs.
+ *                             refuses with one line saying what it needs. A Hopper-only stage
+ *                             (arch_sm 90: stage 13 names its tiles too) runs at 227 KiB alone.
  * tiles::smaller_as_designed  stage 9 at d = 256: 99 KiB takes K/V tiles of 32 keys, 64 KiB of 16;
  *                             under its smallest tiles (16 KiB) a reason naming what those need.
  * tiles::deterministic_backward  stage 10's --deterministic dQ kernel: where it fits, and the
@@ -81,7 +82,7 @@ Test(tiles, fit_every_device)
     const struct stage *st[16];
     const int n = test_tiled_stages(st, 16);
     for (int s = 0; s < n; s++)
-        for (int backward = 0; backward <= (st[s]->measures_backward ? 1 : 0); backward++)
+        for (int backward = 0; backward <= (st[s]->measures_backward ? 1 : 0) && st[s]->arch_sm != 90; backward++)
             for (int k = 0; k < 8 && st[s]->dims[k]; k++)
                 for (size_t j = 0; j < TEST_COUNT(limits_kib); j++) {
                     const int d = st[s]->dims[k];

@@ -222,6 +222,21 @@ static __device__ __forceinline__ void wgmma_wait()
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 
+/* wgmma_wait<N>() where it is written, not earlier. ptxas (CUDA 13.0) schedules wgmma.wait_group
+ * like an instruction without operands: within its basic block it may rise to any point after the
+ * wgmma it waits for, and it does, above independent work the source put before it (stage 13: the
+ * softmax meant to run under its P V, waited for after it). It does not rise into an earlier block,
+ * so a branch ptxas cannot remove goes first: on `never`, a warp-uniform value that is never -1
+ * (a tile counter), always taken, over a nanosleep that never runs. Two instructions. */
+template <int N>
+static __device__ __forceinline__ void wgmma_wait_here(int never)
+{
+    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.s32 p, %0, -1;\n\t@p bra.uni WAIT_%=;\n\tnanosleep.u32 0;\n"
+                 "WAIT_%=:\n\t}\n" ::"r"(never)
+                 : "memory");
+    wgmma_wait<N>();
+}
+
 /* The compiler sees a wgmma as an ordinary instruction that reads and writes its registers where
  * it is issued, not as work running until the wait. wgmma_hold on the accumulators (or on an A
  * fragment) pins them at that point (CUTLASS's warpgroup_fence_operand); it emits no instruction.
