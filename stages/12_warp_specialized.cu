@@ -99,7 +99,7 @@ constexpr size_t SMEM_MAX = 227 * 1024; /* the shared memory a block may have on
 template <int HeadDim>
 struct cfg;
 template <>
-struct cfg<64> { static constexpr int Bc = STAGE12_D64_BC, STAGES = STAGE12_D64_STAGES, TURNED = 1; }; /* O 32 + S 64 + P 32 (Bc = 128) */
+struct cfg<64> { static constexpr int Bc = STAGE12_D64_BC, STAGES = STAGE12_D64_STAGES, TURNED = 1; }; /* O 32 + S 64 + P 32 */
 template <>
 struct cfg<128> { static constexpr int Bc = 128, STAGES = 3, TURNED = STAGE12_D128_TURNED; };  /* O 64 + S 64 + P 32 */
 template <>
