@@ -41,7 +41,8 @@ done
 [ ${#suites[@]} -gt 0 ] || suites=(a b c sanitize)
 if ! mkdir -p "$logdir" || ! logdir=$(cd "$logdir" && pwd); then echo "gpu_suites.sh: cannot write $logdir" >&2; exit 2; fi
 stages=${GPU_SUITES_STAGES:-4-10,14}
-jobs=$(nproc)
+# (nproc honours OMP_NUM_THREADS, which a caller may have set for the oracle: the cores, without it)
+jobs=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 
 # ---- the environment every suite runs in ----
 # Criterion runs each test in a process of its own, --jobs at a time; the fp64 oracle that checks

@@ -11,8 +11,9 @@
  *                         identical bits; dK and dV are the atomic path's bit for bit; dQ agrees
  *                         with the atomic path's within tol_grad.
  * backward::deterministic_small_smem  the same comparisons where a block may have only the
- *                         shared memory of the backward's smallest tiles (ATTN_SMEM_CAP_KB: 41, 41,
- *                         53 KiB at d = 32, 64, 128; 163 at d = 256, an A100's), so that the
+ *                         shared memory of the stage's smallest tiles: ATTN_SMEM_CAP_KB set to the
+ *                         least KiB at which its forward and its --deterministic backward both
+ *                         find tiles (asked of the stage, test_smallest_cap_kb), so that the
  *                         smaller dK/dV and dQ tiles an H200 never picks run too: every d, fp16,
  *                         causal and not, B = 2, H = 3, N = 1000.
  * Cases skip with a one-line reason where there is no CUDA device, or where the device cannot run
@@ -182,9 +183,27 @@ ParameterizedTestParameters(backward, deterministic_small_smem)
     return cr_make_param_array(struct test_case, p, count, test_free_params);
 }
 
+/* The least shared memory per block, in KiB, at which stage st finds tiles for its forward and
+ * its --deterministic backward of shape sh (both run in a backward case); 0 if none up to 256. */
+static int test_smallest_cap_kb(const struct stage *st, const struct shape *sh)
+{
+    struct attn_args a = {.sh = *sh, .dtype = DT_F16, .deterministic = 1};
+    struct tile_config c;
+    for (int kb = 1; kb <= 256; kb++)
+        if (!st->tiles(&a, 0, (size_t)kb * 1024, &c) && !st->tiles(&a, 1, (size_t)kb * 1024, &c)) return kb;
+    return 0;
+}
+
 ParameterizedTest(struct test_case *c, backward, deterministic_small_smem)
 {
+    const struct stage *st = all_stages[c->stage];
+    if (!st->tiles) cr_skip_test("%s: built without its GPU code", st->name);
+    const int kb = test_smallest_cap_kb(st, &c->sh);
+    cr_assert(kb > 0, "%s d=%d: no tiles fit in 256 KiB", st->name, c->sh.d);
+    char cap[16];
+    snprintf(cap, sizeof cap, "%d", kb);
     /* this test's process only: the cap is read once, at the first look at the device's limit */
-    setenv("ATTN_SMEM_CAP_KB", c->sh.d == 256 ? "163" : c->sh.d == 128 ? "53" : "41", 1);
+    setenv("ATTN_SMEM_CAP_KB", cap, 1);
+    cr_log_info("%s d=%d under ATTN_SMEM_CAP_KB=%d", st->name, c->sh.d, kb);
     test_deterministic_vs_atomic(c);
 }

@@ -9,7 +9,7 @@
  * stages::grids       a stage's run-time choices of grid, each over the grid of shapes (stage 13:
  *                     the plain grid, and persistent grids of 1 and 3 blocks, whose blocks run many
  *                     work items in a row, which one block per SM never does on the shapes above;
- *                     each with its default schedule and with STAGE13_OVERLAP=1).
+ *                     each with its default schedule and with STAGE13_OVERLAP=0).
  * A GPU case skips with a one-line reason where there is no CUDA device, where the stage is
  * built for another architecture than the device's (the Hopper stages, sm_90a), or where the
  * device cannot run that case: bf16 on Turing's code, or no tiles of the stage fit its shared
@@ -176,17 +176,17 @@ ParameterizedTest(struct test_case *tc, stages, one_head) { test_stage_vs_refere
 /* ---- a stage's run-time grids ----
  * Stage 13 reads its grid and its schedule from the environment (stages/13_pingpong.cu,
  * run_choices): each grid over the grid's shapes in the 16-bit dtypes, with the default schedule
- * and with the softmax under P V (STAGE13_OVERLAP=1; an env of several NAME=value is
- * space-separated). The persistent grid of 1 block runs every work item in one block, so the
+ * (the softmax under P V) and with the turned loop (STAGE13_OVERLAP=0; an env of several
+ * NAME=value is space-separated). The persistent grid of 1 block runs every work item in one block, so the
  * ring's phases, the Q barriers and the turns carry over from item to item (up to 48 items here);
  * 3 blocks take the snake order's odd rounds and a last partial round. */
 static const struct { const char *stage, *env; } test_grid_envs[] = {
     {"stage13", "STAGE13_PERSISTENT=0"},
     {"stage13", "STAGE13_BLOCKS=1"},
     {"stage13", "STAGE13_BLOCKS=3"},
-    {"stage13", "STAGE13_OVERLAP=1 STAGE13_PERSISTENT=0"},
-    {"stage13", "STAGE13_OVERLAP=1 STAGE13_BLOCKS=1"},
-    {"stage13", "STAGE13_OVERLAP=1 STAGE13_BLOCKS=3"},
+    {"stage13", "STAGE13_OVERLAP=0 STAGE13_PERSISTENT=0"},
+    {"stage13", "STAGE13_OVERLAP=0 STAGE13_BLOCKS=1"},
+    {"stage13", "STAGE13_OVERLAP=0 STAGE13_BLOCKS=3"},
 };
 static const enum dtype test_16bit[] = {DT_F16, DT_BF16};
 
