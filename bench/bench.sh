@@ -41,7 +41,8 @@ keep_rows() {
 }
 trap 'rm -f "$rows" "$err"' EXIT
 torch_pid=
-trap 'echo "bench: stopped before the end" >&2; [ -n "$torch_pid" ] && kill "$torch_pid" 2>/dev/null && wait "$torch_pid"; keep_rows; exit 130' INT TERM
+# (each step may fail, torch already gone or killed, and set -e must not end the trap before keep_rows)
+trap 'echo "bench: stopped before the end" >&2; if [ -n "$torch_pid" ]; then kill "$torch_pid" 2>/dev/null || :; wait "$torch_pid" || :; fi; keep_rows; exit 130' INT TERM
 total=0
 for s in $STAGES; do for t in $DTYPES; do for d in $DIMS; do for n in $SEQLENS; do for c in 0 1; do total=$((total + 1)); done; done; done; done; done
 k=0

@@ -63,7 +63,8 @@ keep_rows() {
   : > "$rows"
 }
 torch_pid=
-trap 'echo "bench_decode: stopped before the end" >&2; [ -n "$torch_pid" ] && kill "$torch_pid" 2>/dev/null && wait "$torch_pid"; keep_rows; exit 130' INT TERM
+# (each step may fail, torch already gone or killed, and set -e must not end the trap before keep_rows)
+trap 'echo "bench_decode: stopped before the end" >&2; if [ -n "$torch_pid" ]; then kill "$torch_pid" 2>/dev/null || :; wait "$torch_pid" || :; fi; keep_rows; exit 130' INT TERM
 for s in $STAGES; do for b in $BATCHES; do for nkv in $KV_LENS; do for split in "" 1; do
   label="$s B=$b N_kv=$nkv${split:+ --splits $split}"
   args=(--batch "$b" --heads "$HEADS" --kv-heads "$KV_HEADS" --seqlen 1 --kv-len "$nkv" --dim "$DIM"

@@ -64,8 +64,8 @@ def main():
             B, H = 16384 // n, 2048 // d
             flops = 4.0 * B * H * n * n * d / (2 if causal else 1)
             q, kk, v = (torch.rand(B, H, n, d, device="cuda", dtype=torch_dtype[t]) * 2 - 1 for _ in range(3))
-            for t in (q, kk, v):
-                t.requires_grad_(True)
+            for x in (q, kk, v):
+                x.requires_grad_(True)
             label = f"{name} {t} d={d} N={n} {'causal' if causal else 'full'}"
             try:
                 with sdpa_kernel(backend):
