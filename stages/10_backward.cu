@@ -136,35 +136,20 @@ struct dq_tiles {
 /* Per head dim, fastest first; registers per thread in the comment. The smaller ones trade load
  * reuse for shared memory: a smaller Bc (more barriers per key), then M_TILES = 1 (each K or V
  * fragment feeds one row tile).
- * A choice to time on a GPU, nvcc -D: STAGE10_DQ_WIDE=1 puts first, at d = 64 and 128, one block
- * of eight warps (Br = 256) per SM instead of two of four, with Bc = 64 at d = 128 (194 KiB, an
- * H100 or H200 only; 130 KiB at d = 64): each K/V tile copied in serves twice the queries (half
- * the K/V reads from L2 per product), and at d = 128 a barrier and a tile copy per 64 keys instead
- * of 32 (5% fewer instructions per key, notes/10_backward.md), against a barrier across eight warps
- * with no second block on the SM to fill its wait. */
-#ifndef STAGE10_DQ_WIDE
-#define STAGE10_DQ_WIDE 0
-#endif
+ * (Eight warps per block, Br = 256, one block per SM at d = 64 and 128, was timed and not kept:
+ * notes/10_backward.md.) */
 template <int HeadDim>
 struct dq_cfg;
 template <>
 struct dq_cfg<32> { typedef config_list<dq_tiles<32, 4, 2, 128, 64>,           /* 49 KiB; dQ 32 + S, dP 128 */
                                         dq_tiles<32, 4, 2, 64, 64>> list; };   /* 33 KiB */
 template <>
-struct dq_cfg<64> { typedef config_list<
-#if STAGE10_DQ_WIDE
-                        dq_tiles<64, 8, 2, 128, 64>,                           /* 130 KiB */
-#endif
-                        dq_tiles<64, 4, 2, 128, 64>,                           /* 97 KiB; dQ 64 + S, dP 128 */
-                        dq_tiles<64, 4, 2, 32, 32>,                            /* 49 KiB */
-                        dq_tiles<64, 4, 1, 32, 32>> list; };                   /* 32.5 KiB */
+struct dq_cfg<64> { typedef config_list<dq_tiles<64, 4, 2, 128, 64>,           /* 97 KiB; dQ 64 + S, dP 128 */
+                                        dq_tiles<64, 4, 2, 32, 32>,            /* 49 KiB */
+                                        dq_tiles<64, 4, 1, 32, 32>> list; };   /* 32.5 KiB */
 template <>
-struct dq_cfg<128> { typedef config_list<
-#if STAGE10_DQ_WIDE
-                         dq_tiles<128, 8, 2, 64, 32>,                          /* 194 KiB */
-#endif
-                         dq_tiles<128, 4, 2, 32, 32>,                          /* 97 KiB; dQ 128 + S, dP 64 */
-                         dq_tiles<128, 4, 1, 16, 16>> list; };                 /* 48.5 KiB */
+struct dq_cfg<128> { typedef config_list<dq_tiles<128, 4, 2, 32, 32>,          /* 97 KiB; dQ 128 + S, dP 64 */
+                                         dq_tiles<128, 4, 1, 16, 16>> list; }; /* 48.5 KiB */
 template <>
 struct dq_cfg<256> { typedef config_list<dq_tiles<256, 8, 1, 32, 32>,          /* 193 KiB; dQ 128 + S, dP 32 */
                                          dq_tiles<256, 8, 1, 16, 16>> list; }; /* 161 KiB */
