@@ -563,6 +563,12 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
             }
         __syncwarp(); /* this warp's O rows in shared memory before its lanes copy them out */
         constexpr int CHUNKS = HeadDim / 8;
+        /* Unrolled by 4 (what nvcc picks here unasked), but with three warpgroups not at all: unrolled,
+         * ptxas computes each copy's addresses once for the whole block, out of the item loop, and
+         * under 160 registers it spills them (to load them back every item); rolled, they are cheap
+         * to compute again per copy */
+        constexpr int UNROLL = NWARPGROUPS == 3 ? 1 : 4;
+#pragma unroll(UNROLL)
         for (int c = lane; c < Tiles::ROWS_PER_WARP * CHUNKS; c += WARP_SIZE) {
             const int r = row0 + c / CHUNKS, chunk = c % CHUNKS, query = q0 + r;
             if (query < N)
