@@ -22,6 +22,10 @@
  *     environment runs the turned loop instead (P V, then S, one wait for both, then the softmax),
  *     to time against. Both are compiled (the kernel's OVERLAP); d = 256, not turned, has one
  *     schedule. The summary names the one run.
+ *   - At d = 64, with STAGE13_D64_WG3=1 at compile time (nvcc -D; not the default), three consumer
+ *     warpgroups take turns round robin on a Q tile of 192 rows, as FlashAttention-3 does at d = 64:
+ *     a warpgroup's softmax then hides under two other warpgroups' matmuls, not one. Compiled and
+ *     read in the SASS; not yet run on a GPU.
  * Why: per K/V tile the exponentials are half the tensor cores' time at d = 128 and as much at
  *   d = 64 (989 TFLOP/s of fp16 matmul against 3.9 T exp2/s on an H100 or H200: 4096 FLOPs against
  *   16 exp2 per clock and SM). Overlapped they cost nothing; one after the other, they stretch
@@ -55,21 +59,30 @@ namespace {
 
 /* ---- configuration ---- */
 
-/* Two consumer warpgroups per block at every head dim, as in stage 11: a Q tile of Br = 128 rows,
- * 64 per warpgroup (the M of one wgmma), both reading the same K_j, V_j. Per thread a consumer
- * warpgroup's accumulators hold Bc / 2 fp32 of S_ij and HeadDim / 2 of O_i, and P_ij takes Bc / 4
- * registers (16-bit pairs) that the tensor cores read until the wait: all three live at once.
+/* Two consumer warpgroups per block, as in stage 11: a Q tile of Br = 128 rows, 64 per warpgroup
+ * (the M of one wgmma), both reading the same K_j, V_j. Per thread a consumer warpgroup's
+ * accumulators hold Bc / 2 fp32 of S_ij and HeadDim / 2 of O_i, and P_ij takes Bc / 4 registers
+ * (16-bit pairs) that the tensor cores read until the wait: all three live at once.
  * Bc is 128 at d = 64 (stage 11 takes 64 there, which its cp.async buffers needed; here Bc = 64
  * measured 0.84-0.88x of 128, below), 128 at d = 128, 64 at d = 256 (O_i alone is 128 registers).
+ * STAGE13_D64_WG3=1 (nvcc -D; default 0) gives d = 64 three consumer warpgroups instead, Br = 192,
+ * as FlashAttention-3 does at d = 64 (below: the turns go round the three, and the registers).
  *
- * Then a third warpgroup, the producer (warpgroup 2, after the consumers, so that the consumers'
+ * Then one more warpgroup, the producer (numbered after the consumers, so that the consumers'
  * thread, warp and warpgroup numbers are stage 11's). One of its threads issues every copy; the
- * copies need no registers for their data, so the warpgroup gives its registers away:
- *   at launch, __launch_bounds__(384, 1): 65536 / 384 registers per thread, 168 (a multiple of 8)
- *   producer, setmaxnreg.dec:  24 x 128 threads =  3072
- *   consumers, setmaxnreg.inc: 240 x 256 threads = 61440
- *   together 64512 = 168 x 384: the consumers take exactly what the producer gave back. Without
- *   setmaxnreg every thread would keep 168, under the ~200 stage 11's consumers use (-Xptxas -v).
+ * copies need no registers for their data, so the warpgroup gives its registers away. At launch
+ * __launch_bounds__(NTHREADS, 1) gives every thread 65536 / NTHREADS registers (rounded down to a
+ * multiple of 8); then the producer keeps 24 (setmaxnreg.dec) and the consumers take what that
+ * frees, as much as divides evenly among them (setmaxnreg.inc; tiles::CONSUMER_REGS):
+ *   2 consumer warpgroups, 384 threads: 168 at launch, 168 x 384 = 64512
+ *     producer 24 x 128 = 3072, consumers 240 x 256 = 61440: 64512, all of it
+ *   3 consumer warpgroups, 512 threads: 128 at launch, 128 x 512 = 65536
+ *     producer 24 x 128 = 3072, consumers 160 x 384 = 61440: 64512 (162 would be the even share;
+ *     setmaxnreg takes multiples of 8)
+ * Without setmaxnreg every thread would keep 168 (or 128), under the ~200 stage 11's consumers use
+ * at d = 128 (-Xptxas -v). At d = 64 a consumer's peak is O 32 + S 64 + P 32 = 128 registers of
+ * data, which 160 holds with room for the addresses and counters; d = 128 (O 64: 160 of data)
+ * would not fit, so three warpgroups are a d = 64 option only.
  *
  * K_j and V_j stream through a ring of STAGES stages, each a K_j and a V_j buffer. TURNED, as in
  * stage 11: O_i += P_ij V_j is left running while the consumer waits for tile j+1 and issues
@@ -77,7 +90,8 @@ namespace {
  * tile j's only at the wait for S_{i,j+1}; the copy engine fills the other STAGES - 2. One block
  * per SM (the registers), so shared memory beside Q_i is spent on the ring:
  *   d = 64:  Bc = 128, 4 stages: 16 + 4 x 32 = 144 KiB (stage 12's choice: Bc = 64 with 8 stages
- *            measured 0.84-0.88x of it there).
+ *            measured 0.84-0.88x of it there); with three warpgroups Q_i is 192 x 64: 24 + 128 =
+ *            152 KiB, the same ring.
  *   d = 128: Bc = 128, 3 stages: 32 + 3 x 64 = 224 KiB, as many as fit.
  *   d = 256: Bc = 64, 2 stages: 64 + 2 x 64 = 192 KiB (three do not fit); not turned, so that
  *            tile j's stage is freed as soon as P_ij V_j is done and tile j+2 has the whole of tile
@@ -85,28 +99,34 @@ namespace {
  * The mbarriers add 16 bytes per stage and 16 for Q_i (full, and empty for the next work item).
  * (Stage 12's compile-time choices are fixed here at its defaults.)
  *
- * PINGPONG: the consumer warpgroups take turns at issuing their wgmma (the kernel's "turns"). At
- * d = 64 and 128, where the exponentials weigh as much as or half as much as the matmuls. Not at
- * d = 256: there the loop is not turned, so a turn would have to hold the wait for P_ij V_j and
- * keep the other warpgroup out for a whole matmul; and the softmax is a quarter of the matmuls'
- * time, which the two warpgroups' drift already hides (FlashAttention-3 leaves its scheduler
- * barrier out at d = 256 too). The registers are not the reason: the turns cost a few. */
-constexpr int NWARPGROUPS = 2;  /* consumer warpgroups */
-constexpr int NWARPS = 4 * NWARPGROUPS;  /* consumer warps */
+ * PINGPONG: the consumer warpgroups take turns at issuing their wgmma (the kernel's "turns"),
+ * round robin: warpgroup 0, 1, (2,) 0, ... At d = 64 and 128, where the exponentials weigh as much
+ * as or half as much as the matmuls. Not at d = 256: there the loop is not turned, so a turn would
+ * have to hold the wait for P_ij V_j and keep the other warpgroup out for a whole matmul; and the
+ * softmax is a quarter of the matmuls' time, which the two warpgroups' drift already hides
+ * (FlashAttention-3 leaves its scheduler barrier out at d = 256 too). The registers are not the
+ * reason: the turns cost a few.
+ *
+ * NWARPGROUPS, the consumer warpgroups: 2, or 3 at d = 64 with STAGE13_D64_WG3=1. With three, a
+ * warpgroup waits for two others' turns between its own: a softmax has two turns of matmuls to
+ * hide under instead of one, which is what d = 64 needs (its softmax as long as its matmuls). */
+#ifndef STAGE13_D64_WG3
+#define STAGE13_D64_WG3 0
+#endif
+static_assert(STAGE13_D64_WG3 == 0 || STAGE13_D64_WG3 == 1, "STAGE13_D64_WG3: 0 (two consumer warpgroups) or 1 (three)");
 constexpr int WARPGROUP = 4 * WARP_SIZE; /* threads that issue one wgmma together */
-constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240; /* setmaxnreg, per thread (above) */
+constexpr int PRODUCER_REGS = 24; /* setmaxnreg, per producer thread (above); the consumers': tiles */
 constexpr size_t SMEM_MAX = 227 * 1024; /* the shared memory a block may have on an H100 or H200 */
-/* The named barriers (0 is __syncthreads'): 1 + wg, the epilogue of consumer warpgroup wg; TURN_BAR
- * + wg, warpgroup wg's turn (3 and 4) */
-constexpr int TURN_BAR = 3;
 template <int HeadDim>
 struct cfg;
 template <>
-struct cfg<64> { static constexpr int Bc = 128, STAGES = 4, TURNED = 1, PINGPONG = 1; }; /* O 32 + S 64 + P 32 */
+struct cfg<64> { /* O 32 + S 64 + P 32 */
+    static constexpr int NWARPGROUPS = STAGE13_D64_WG3 ? 3 : 2, Bc = 128, STAGES = 4, TURNED = 1, PINGPONG = 1;
+};
 template <>
-struct cfg<128> { static constexpr int Bc = 128, STAGES = 3, TURNED = 1, PINGPONG = 1; };  /* O 64 + S 64 + P 32 */
+struct cfg<128> { static constexpr int NWARPGROUPS = 2, Bc = 128, STAGES = 3, TURNED = 1, PINGPONG = 1; };  /* O 64 + S 64 + P 32 */
 template <>
-struct cfg<256> { static constexpr int Bc = 64, STAGES = 2, TURNED = 0, PINGPONG = 0; }; /* O 128 + S 32 + P 16 */
+struct cfg<256> { static constexpr int NWARPGROUPS = 2, Bc = 64, STAGES = 2, TURNED = 0, PINGPONG = 0; }; /* O 128 + S 32 + P 16 */
 
 /* Everything derived from the configuration: tile sizes and the shared-memory layout. */
 template <int HeadDim>
@@ -114,9 +134,18 @@ struct tiles {
     typedef cfg<HeadDim> C;
     static constexpr int Bc = C::Bc, STAGES = C::STAGES;
     static constexpr bool TURNED = C::TURNED != 0, PINGPONG = C::PINGPONG != 0;
+    static constexpr int NWARPGROUPS = C::NWARPGROUPS; /* consumer warpgroups */
+    static constexpr int NWARPS = 4 * NWARPGROUPS;     /* consumer warps */
     /* the wgmma accumulators give each warp 16 rows of its warpgroup's 64: one m16 row tile */
     static constexpr int M_TILES = 1;
     static constexpr int NTHREADS = NWARPS * WARP_SIZE + WARPGROUP; /* the consumers, then the producer */
+    /* setmaxnreg (above): the registers each thread has at launch, and the consumers' share of what
+     * the producer gives back: 240 with two consumer warpgroups, 160 with three */
+    static constexpr int LAUNCH_REGS = 65536 / NTHREADS / 8 * 8;
+    static constexpr int CONSUMER_REGS = (LAUNCH_REGS * NTHREADS - PRODUCER_REGS * WARPGROUP) / (NWARPS * WARP_SIZE) / 8 * 8;
+    /* The named barriers (0 is __syncthreads'): 1 + wg, the epilogue of consumer warpgroup wg; then
+     * TURN_BAR + wg, warpgroup wg's turn (3 and 4 with two warpgroups; 4, 5 and 6 with three) */
+    static constexpr int TURN_BAR = 1 + NWARPGROUPS;
     static constexpr int ROWS_PER_WARP = 16 * M_TILES;
     static constexpr int Br = NWARPS * ROWS_PER_WARP;
     /* Q_i [Br][HeadDim], then the ring: STAGES buffers of K_j [Bc][HeadDim], STAGES of V_j, all
@@ -139,8 +168,10 @@ struct tiles {
     static_assert(STAGES >= 2, "a ring: the copy engine fills one stage while the consumers read another");
     static_assert(!PINGPONG || TURNED, "a turn issues P_ij V_j and S_{i,j+1} together and waits for neither");
     static_assert(bytes <= SMEM_MAX, "Q_i and the ring fit the shared memory of one block");
-    static_assert(PRODUCER_REGS * WARPGROUP + CONSUMER_REGS * NWARPS * WARP_SIZE <= 65536 / NTHREADS / 8 * 8 * NTHREADS,
+    static_assert(PRODUCER_REGS * WARPGROUP + CONSUMER_REGS * NWARPS * WARP_SIZE <= LAUNCH_REGS * NTHREADS,
                   "the consumers take no more registers than the producer gives back");
+    static_assert(CONSUMER_REGS <= 256, "setmaxnreg: at most 256 registers per thread");
+    static_assert(TURN_BAR + NWARPGROUPS - 1 <= 15, "named barriers 1 .. 15: the epilogue's, then the turns'");
 };
 
 /* ---- kernel ---- */
@@ -157,6 +188,7 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
     typedef mma16<T> M;
     constexpr int M_TILES = Tiles::M_TILES, Br = Tiles::Br, Bc = Tiles::Bc, STAGES = Tiles::STAGES;
     constexpr bool TURNED = Tiles::TURNED, PINGPONG = Tiles::PINGPONG;
+    constexpr int NWARPGROUPS = Tiles::NWARPGROUPS, NWARPS = Tiles::NWARPS, TURN_BAR = Tiles::TURN_BAR;
     static_assert(!OVERLAP || TURNED, "the overlap leaves P_ij V_j running past the next S: a turned loop");
     constexpr int KT = Bc / 8;      /* key tiles: n8 tiles of S_ij */
     constexpr int DT = HeadDim / 8; /* dim tiles: n8 column tiles of O_i */
@@ -261,36 +293,43 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
     }
 
     /* ---- the consumers: stage 11's loop, without a load or a block barrier ---- */
-    setmaxnreg_inc<CONSUMER_REGS>(); /* both warpgroups, each together: the producer's registers */
+    setmaxnreg_inc<Tiles::CONSUMER_REGS>(); /* every consumer warpgroup, each together: the producer's registers */
 
-    /* The turns (PINGPONG). Warpgroup wg waits for its turn at named barrier TURN_BAR + wg, which
-     * completes when its own 128 threads (bar.sync) and the other warpgroup's 128 (bar.arrive) have
-     * come: turn_begin. Once its wgmma are issued it gives the turn away, an arrival on the other's
-     * barrier: turn_end. Warpgroup 1 hands the first turn to warpgroup 0 with an arrival before
-     * anything else; from then on they alternate, and neither can arrive twice on a barrier before
-     * the other has synced there once (an arrival follows a turn, and each turn waits for the
-     * other's arrival), so every phase of each barrier is exactly one sync and one arrival.
+    /* The turns (PINGPONG), round robin: warpgroup 0, 1, 0, 1, ... with two consumer warpgroups,
+     * 0, 1, 2, 0, 1, 2, ... with three. Warpgroup wg waits for its turn at named barrier
+     * TURN_BAR + wg, which completes when its own 128 threads (bar.sync) and the 128 of the
+     * warpgroup before it (bar.arrive) have come: turn_begin. Once its wgmma are issued it gives
+     * the turn to the next warpgroup, an arrival on next's barrier: turn_end. The last warpgroup
+     * hands the first turn to warpgroup 0 with an arrival before anything else; from then on the
+     * turns go round in order, one at a time (each turn waits for the arrival that ends the turn
+     * before it). So a warpgroup cannot arrive twice on next's barrier before next has synced there
+     * once: between its two arrivals lies a turn of its own, which needed the turns of all the
+     * others since its last one, next's among them. Every phase of each barrier is exactly one
+     * sync and one arrival.
      *
      * The counts. Each warpgroup takes one turn per S = Q K^T it issues, n_tiles per work item, and
-     * ends each with one arrival. Both warpgroups have the same n_tiles on every item: it is the
-     * block's (from the Q tile's last row), not the warpgroup's. Under a causal mask warpgroup 0's
-     * rows end 64 rows earlier, so its last K/V tile can be wholly masked (P_ij = 0), and at the
-     * tail rows past N are zeros of Q_i: it computes them all the same, and the turns and the
-     * ring's empty barriers (8 warps per stage) count on that. A warpgroup that skipped a tile
-     * would still have to take that turn (sync and arrive with no wgmma between) and release the
-     * stage, or the other would wait forever. So over the block, warpgroup 0 syncs T times on its
-     * barrier and warpgroup 1 arrives there 1 + T times (the first turn, handed over, and one per
-     * turn): after the last item warpgroup 0 takes the turn nobody will use, and each barrier ends
-     * on a whole phase. Warpgroup 1's barrier: T arrivals from warpgroup 0, T syncs. The last P_ij
-     * V_j of an item is issued outside a turn: it has no S with it, and holding the other
-     * warpgroup for it would only delay the other's next S. */
+     * ends each with one arrival. Every warpgroup has the same n_tiles on every item: it is the
+     * block's (from the Q tile's last row), not the warpgroup's. Under a causal mask a lower
+     * warpgroup's rows end 64 (or 128) rows before the tile's last, so its last K/V tile can be
+     * wholly masked (P_ij = 0), and at the tail rows past N are zeros of Q_i: it computes them all
+     * the same, and the turns and the ring's empty barriers (NWARPS warps per stage) count on that.
+     * A warpgroup that skipped a tile would still have to take that turn (sync and arrive with no
+     * wgmma between) and release the stage, or the others would wait forever. So over the block,
+     * warpgroup 0 syncs T times on its barrier and the last warpgroup arrives there 1 + T times (the
+     * first turn, handed over, and one per turn): after the last item warpgroup 0 takes the turn
+     * nobody will use, and each barrier ends on a whole phase. Every other warpgroup's barrier: T
+     * arrivals from the warpgroup before it, T syncs. The last P_ij V_j of an item is issued
+     * outside a turn: it has no S with it, and holding the others for it would only delay their
+     * next S. */
     auto turn_begin = [&] {
         if constexpr (PINGPONG) named_barrier_sync(TURN_BAR + wg, 2 * WARPGROUP);
     };
     auto turn_end = [&] {
-        if constexpr (PINGPONG) named_barrier_arrive(TURN_BAR + (1 - wg), 2 * WARPGROUP);
+        /* the warpgroup whose turn follows this one's: 1 - wg of two, wg + 1 of three but 0 after 2 */
+        const int next = NWARPGROUPS == 2 ? 1 - wg : wg + 1 < NWARPGROUPS ? wg + 1 : 0;
+        if constexpr (PINGPONG) named_barrier_arrive(TURN_BAR + next, 2 * WARPGROUP);
     };
-    if (wg == 1) turn_end(); /* the first turn is warpgroup 0's */
+    if (wg == NWARPGROUPS - 1) turn_end(); /* the first turn is warpgroup 0's */
 
     int it0 = 0; /* K/V tiles this block's consumers have had in earlier items (the ring's count) */
     for (int nth = 0, w; (w = item(nth)) >= 0; nth++) {
@@ -423,7 +462,7 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
             const int key0 = j * Bc; /* first key of this tile */
             float S_ij[M_TILES][KT][4];
             issue_scores(S_ij, j);
-            turn_end(); /* this turn's wgmma are issued: the tensor cores are the other warpgroup's next */
+            turn_end(); /* this turn's wgmma are issued: the tensor cores are the next warpgroup's */
             wgmma_wait<0>(); /* S_ij in registers (and O_i += P_{i,j-1} V_{j-1} done) */
             wgmma_hold(S_ij[0]);
             wgmma_hold(O_acc[0]);
@@ -524,6 +563,12 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
             }
         __syncwarp(); /* this warp's O rows in shared memory before its lanes copy them out */
         constexpr int CHUNKS = HeadDim / 8;
+        /* Unrolled by 4 (what nvcc picks here unasked), but with three warpgroups not at all: unrolled,
+         * ptxas computes each copy's addresses once for the whole block, out of the item loop, and
+         * under 160 registers it spills them (to load them back every item); rolled, they are cheap
+         * to compute again per copy */
+        constexpr int UNROLL = NWARPGROUPS == 3 ? 1 : 4;
+#pragma unroll(UNROLL)
         for (int c = lane; c < Tiles::ROWS_PER_WARP * CHUNKS; c += WARP_SIZE) {
             const int r = row0 + c / CHUNKS, chunk = c % CHUNKS, query = q0 + r;
             if (query < N)
@@ -537,7 +582,7 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
         if (lane == 0) mbar_arrive(Q_empty);
         it0 += n_tiles;
     }
-    if (wg == 0) turn_begin(); /* the turn warpgroup 1 handed over last, which nobody takes (the counts) */
+    if (wg == 0) turn_begin(); /* the turn the last warpgroup handed over, which nobody takes (the counts) */
     tally.flush(counters);
 }
 
@@ -698,8 +743,9 @@ int tiles_of(const struct choices *ch, size_t limit, struct tile_config *c)
     if (!ch->persistent) snprintf(grid, sizeof grid, "plain grid");
     else if (ch->blocks) snprintf(grid, sizeof grid, "persistent grid of %lld blocks", ch->blocks);
     else snprintf(grid, sizeof grid, "persistent grid");
-    return tiles_found(c, Tiles::Br, Tiles::Bc, Tiles::bytes, "Br=%d Bc=%d stages=%d, %s, %s, %s", Tiles::Br, Tiles::Bc,
-                       Tiles::STAGES, Tiles::PINGPONG ? "ping-pong" : "no turns", schedule, grid);
+    return tiles_found(c, Tiles::Br, Tiles::Bc, Tiles::bytes, "Br=%d Bc=%d stages=%d, %d consumer warpgroups, %s, %s, %s",
+                       Tiles::Br, Tiles::Bc, Tiles::STAGES, Tiles::NWARPGROUPS, Tiles::PINGPONG ? "ping-pong" : "no turns",
+                       schedule, grid);
 }
 
 int tiles_for(const struct attn_args *a, int backward, size_t limit, struct tile_config *c)
