@@ -5,10 +5,16 @@
  * writes it once, so the bandwidth is 2 * bytes / time, as CUDA's bandwidthTest counts a
  * device-to-device copy: the HBM traffic, read plus write. A kernel that only reads (stage 14 reads
  * K and V) is measured against this number in the same run (bench/bench_decode.sh).
+ * A small copy, timed alone, shows the fixed cost of one timed run as a kernel pays it (the launch
+ * as the events see it, the first bytes' latency): --bytes B copies B bytes instead, and
+ * --flush-l2 empties the L2 before each timed copy (common/cuda/l2_flush.cuh), as a stage's
+ * --flush-l2 does, so that its source comes from HBM. bench_decode.sh times a copy of the K and V
+ * bytes of each shape so (half of them read, half written: the same HBM traffic) beside the stage.
  * Prints a CSV header and one row (bytes,ms_median,ms_min,copy_gbps,device), nothing else on stdout.
- * Run: make bench/copy_bw && bench/copy_bw [--mib 1024] [--warmup 3] [--iters 20]
+ * Run: make bench/copy_bw && bench/copy_bw [--mib 1024 | --bytes B] [--flush-l2] [--warmup 3] [--iters 20]
  */
 #include "common/cuda/cuda_check.h"
+#include "common/cuda/l2_flush.cuh"
 
 #include <algorithm>
 #include <cuda_runtime.h>
@@ -17,30 +23,51 @@
 #include <string.h>
 #include <vector>
 
-static int arg_int(int argc, char **argv, const char *name, int def)
+static void usage_error(const char *why)
 {
-    for (int k = 1; k + 1 < argc; k++)
-        if (!strcmp(argv[k], name)) {
-            char *end;
-            long v = strtol(argv[k + 1], &end, 10);
-            if (*end || v < 1 || v > 1 << 20) {
-                fprintf(stderr, "copy_bw: %s %s: expected a whole number from 1 to 1048576\n", name, argv[k + 1]);
-                exit(2);
-            }
-            return (int)v;
-        }
-    return def;
+    fprintf(stderr, "copy_bw: %s (usage: copy_bw [--mib M | --bytes B] [--flush-l2] [--warmup W] [--iters I])\n", why);
+    exit(2);
+}
+
+/* a whole number from lo to hi, or exit 2 naming the option */
+static long long parse_count(const char *name, const char *text, long long lo, long long hi)
+{
+    char *end;
+    const long long v = strtoll(text, &end, 10);
+    if (end == text || *end || v < lo || v > hi) {
+        char why[160];
+        snprintf(why, sizeof why, "%s %s: expected a whole number from %lld to %lld", name, text, lo, hi);
+        usage_error(why);
+    }
+    return v;
 }
 
 int main(int argc, char **argv)
 {
-    for (int k = 1; k < argc; k += 2)
-        if (strcmp(argv[k], "--mib") && strcmp(argv[k], "--warmup") && strcmp(argv[k], "--iters")) {
-            fprintf(stderr, "usage: copy_bw [--mib M] [--warmup W] [--iters I]\n");
-            return 2;
+    size_t bytes = (size_t)1024 << 20;
+    int warmup = 3, iters = 20, flush_l2 = 0;
+    for (int k = 1; k < argc; k++) {
+        const char *a = argv[k];
+        if (!strcmp(a, "--flush-l2")) {
+            flush_l2 = 1;
+            continue;
         }
-    const size_t bytes = (size_t)arg_int(argc, argv, "--mib", 1024) << 20;
-    const int warmup = arg_int(argc, argv, "--warmup", 3), iters = arg_int(argc, argv, "--iters", 20);
+        if (strcmp(a, "--mib") && strcmp(a, "--bytes") && strcmp(a, "--warmup") && strcmp(a, "--iters")) {
+            char why[160];
+            snprintf(why, sizeof why, "unknown option %s", a);
+            usage_error(why);
+        }
+        if (k + 1 >= argc) {
+            char why[160];
+            snprintf(why, sizeof why, "%s needs a value", a);
+            usage_error(why);
+        }
+        const char *v = argv[++k];
+        if (!strcmp(a, "--mib")) bytes = (size_t)parse_count(a, v, 1, 1 << 20) << 20;
+        else if (!strcmp(a, "--bytes")) bytes = (size_t)parse_count(a, v, 16, 1LL << 40) / 16 * 16;
+        else if (!strcmp(a, "--warmup")) warmup = (int)parse_count(a, v, 0, 1 << 20);
+        else iters = (int)parse_count(a, v, 1, 1 << 20);
+    }
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
         fprintf(stderr, "copy_bw: no CUDA device found\n");
@@ -53,6 +80,15 @@ int main(int argc, char **argv)
     CUDA_CHECK(cudaMalloc(&dst, bytes));
     CUDA_CHECK(cudaMemset(src, 1, bytes)); /* touched once, so no first-use cost lands in a timed run */
     CUDA_CHECK(cudaMemset(dst, 0, bytes));
+    /* --flush-l2: a zeroed buffer twice the L2's size, read before each timed copy */
+    void *flush = NULL;
+    unsigned *sink = NULL;
+    const size_t flush_bytes = 2 * (size_t)p.l2CacheSize;
+    if (flush_l2) {
+        CUDA_CHECK(cudaMalloc(&flush, flush_bytes));
+        CUDA_CHECK(cudaMemset(flush, 0, flush_bytes));
+        CUDA_CHECK(cudaMalloc(&sink, sizeof *sink));
+    }
     for (int w = 0; w < warmup; w++) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice));
     std::vector<cudaEvent_t> start(iters), stop(iters);
     for (int it = 0; it < iters; it++) {
@@ -60,6 +96,7 @@ int main(int argc, char **argv)
         CUDA_CHECK(cudaEventCreate(&stop[it]));
     }
     for (int it = 0; it < iters; it++) {
+        if (flush_l2) l2_flush(flush, flush_bytes, sink);
         CUDA_CHECK(cudaEventRecord(start[it]));
         CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice));
         CUDA_CHECK(cudaEventRecord(stop[it]));
@@ -78,9 +115,14 @@ int main(int argc, char **argv)
         if (*c == ',') *c = ' ';
     printf("bytes,ms_median,ms_min,copy_gbps,device\n");
     printf("%zu,%.4f,%.4f,%.1f,%s\n", bytes, median, t[0], 2.0 * bytes / (median * 1e-3) / 1e9, p.name);
-    fprintf(stderr, "copy_bw: %s: cudaMemcpy of %.0f MiB device to device in %.3f ms (median of %d): %.1f GB/s "
-                    "read + written\n", p.name, bytes / 1048576.0, median, iters, 2.0 * bytes / (median * 1e-3) / 1e9);
+    fprintf(stderr, "copy_bw: %s: cudaMemcpy of %.1f MiB device to device in %.4f ms (median of %d%s): %.1f GB/s "
+                    "read + written\n", p.name, bytes / 1048576.0, median, iters, flush_l2 ? ", L2 flushed before each" : "",
+            2.0 * bytes / (median * 1e-3) / 1e9);
     CUDA_CHECK(cudaFree(src));
     CUDA_CHECK(cudaFree(dst));
+    if (flush_l2) {
+        CUDA_CHECK(cudaFree(flush));
+        CUDA_CHECK(cudaFree(sink));
+    }
     return 0;
 }

@@ -2,6 +2,7 @@
  * poisoned, one checked run (a stage with a workspace: its second call, first_call), the warm-up, then the timed runs between CUDA events; the stage's
  * forward itself only launches kernels. Also the device query and device buffers (gpu.h). */
 #include "common/cuda/gpu.h"
+#include "common/cuda/l2_flush.cuh"
 #include "common/half.h"
 #include "common/harness.h"
 #include <ctype.h>
@@ -309,26 +310,10 @@ extern "C" int gpu_forward_host(const struct stage *st, const struct shape *sh, 
     return rc;
 }
 
-/* --flush-l2: read a buffer twice the L2's size, so that when the timed run starts the L2 holds
- * nothing of its inputs (they come from HBM) and only clean lines, which it evicts for free.
- * Overwriting the buffer instead (a memset) would leave the L2 full of dirty lines that the timed
- * run pays to write back as it reads: for a memory-bound kernel (stage 14) tens of MB of HBM
- * writes inside its time. The XOR of what is read goes to `sink` only if it is a value it never is
- * (the buffer holds zeros), which keeps the compiler from dropping the loads. */
-static __global__ void l2_flush_kernel(const uint4 *buf, size_t n, unsigned *sink)
-{
-    unsigned acc = 0;
-    for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += (size_t)gridDim.x * blockDim.x) {
-        const uint4 v = buf[k];
-        acc ^= v.x ^ v.y ^ v.z ^ v.w;
-    }
-    if (acc == 0x9e3779b9u) *sink = acc;
-}
-
 /* The rest of the warm-up (the checked run was the first), then o->iters runs of fn, each between
- * two CUDA events; with --flush-l2 a buffer twice the L2's size is read before each run (above),
- * outside the events, so every run starts with its inputs in HBM rather than in L2. The median
- * and minimum go into r. */
+ * two CUDA events; with --flush-l2 a buffer twice the L2's size is read before each run
+ * (common/cuda/l2_flush.cuh), outside the events, so every run starts with its inputs in HBM
+ * rather than in L2. The median and minimum go into r. */
 static void timed_runs(attn_fn fn, const struct attn_args *args, const struct opts *o, const struct gpu_info *info,
                        struct result *r)
 {
@@ -343,7 +328,7 @@ static void timed_runs(attn_fn fn, const struct attn_args *args, const struct op
         CUDA_CHECK(cudaEventCreate(&stop[it]));
     }
     for (int it = 0; it < o->iters; it++) {
-        if (flush.p) l2_flush_kernel<<<1024, 256>>>((const uint4 *)flush.p, flush.bytes / sizeof(uint4), (unsigned *)sink.p);
+        if (flush.p) l2_flush(flush.p, flush.bytes, (unsigned *)sink.p);
         CUDA_CHECK(cudaEventRecord(start[it]));
         fn(args, why, sizeof why);
         CUDA_CHECK(cudaEventRecord(stop[it]));
