@@ -177,9 +177,9 @@ ParameterizedTest(struct test_case *tc, stages, one_head) { test_stage_vs_refere
  * Stage 13 reads its grid and its schedule from the environment (stages/13_pingpong.cu,
  * run_choices): each grid over the grid's shapes in the 16-bit dtypes, with the default schedule
  * (the softmax under P V) and with the turned loop (STAGE13_OVERLAP=0; an env of several
- * NAME=value is space-separated). The persistent grid of 1 block runs every work item in one block, so the
- * ring's phases, the Q barriers and the turns carry over from item to item (up to 48 items here);
- * 3 blocks take the snake order's odd rounds and a last partial round. */
+ * NAME=value is space-separated). The persistent grid of 1 block runs every work item in one
+ * block, so the ring's phases, the Q barriers and the turns carry over from item to item (up to 48
+ * items here); 3 blocks take the snake order's odd rounds and a last partial round. */
 static const struct { const char *stage, *env; } test_grid_envs[] = {
     {"stage13", "STAGE13_PERSISTENT=0"},
     {"stage13", "STAGE13_BLOCKS=1"},
