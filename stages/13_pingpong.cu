@@ -291,12 +291,14 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
                  * stages the previous items free (j < STAGES: their stage's last tile is an earlier
                  * item's, released before its epilogue), so that they are in by the time Q_i is;
                  * tiles j >= STAGES need this item's consumers, so they come after Q_i.
-                 * EARLY_Q: Q_i first, every tile after it. Q_empty's phase now completes at the
-                 * previous item's last S, before its last tiles are released (tile j < STAGES's
-                 * stage may wait for the previous item's last P V): a tile before Q_i would hold
-                 * Q_i's copy back to there. Tile 0, which the next item needs with Q_i, goes out
-                 * right after it, well before the previous item's epilogue is done. */
-                const int early = nth == 0 || EARLY_Q ? 0 : min(W.n_tiles, STAGES);
+                 * EARLY_Q: the (nth - 1)-th phase of Q_empty completes at the previous item's last
+                 * S, while its consumers still hold the stages of its last HELD tiles: the last
+                 * tile's V_j, which its last P V reads, and with OVERLAP the one before it too (that
+                 * P V still runs under the softmax). A tile waiting for one of those stages before
+                 * Q_i would hold Q_i's copy back to the end of that P V, so only the tiles whose
+                 * stage is free by then come first (j < STAGES - HELD), the rest after Q_i. */
+                constexpr int HELD = OVERLAP ? 2 : 1;
+                const int early = nth == 0 ? 0 : min(W.n_tiles, EARLY_Q ? STAGES - HELD : STAGES);
                 for (int j = 0; j < early; j++) load_kv(j);
                 if (nth > 0) mbar_wait(Q_empty, (nth - 1) & 1);
                 /* Q_i: HeadDim / 64 boxes of 64 columns x Br rows, one per column block */
