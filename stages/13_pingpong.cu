@@ -26,6 +26,10 @@
  *     warpgroups take turns round robin on a Q tile of 192 rows, as FlashAttention-3 does at d = 64:
  *     a warpgroup's softmax then hides under two other warpgroups' matmuls, not one. Compiled and
  *     read in the SASS; not yet run on a GPU.
+ *   - With STAGE13_EARLY_Q=1 at compile time (nvcc -D; not the default), Q_i is freed for the next
+ *     work item's as soon as the item's last S = Q K^T is done, and O goes from the registers
+ *     straight to global memory: the next Q_i's copy runs under the item's end, not before the
+ *     next item's start. Compiled and read in the SASS; not yet run on a GPU.
  * Why: per K/V tile the exponentials are half the tensor cores' time at d = 128 and as much at
  *   d = 64 (989 TFLOP/s of fp16 matmul against 3.9 T exp2/s on an H100 or H200: 4096 FLOPs against
  *   16 exp2 per clock and SM). Overlapped they cost nothing; one after the other, they stretch
