@@ -26,6 +26,10 @@
  *     warpgroups take turns round robin on a Q tile of 192 rows, as FlashAttention-3 does at d = 64:
  *     a warpgroup's softmax then hides under two other warpgroups' matmuls, not one. Compiled and
  *     read in the SASS; not yet run on a GPU.
+ *   - With STAGE13_EARLY_Q=1 at compile time (nvcc -D; not the default), Q_i is freed for the next
+ *     work item's as soon as the item's last S = Q K^T is done, and O goes from the registers
+ *     straight to global memory: the next Q_i's copy runs under the item's end, not before the
+ *     next item's start. Compiled and read in the SASS; not yet run on a GPU.
  * Why: per K/V tile the exponentials are half the tensor cores' time at d = 128 and as much at
  *   d = 64 (989 TFLOP/s of fp16 matmul against 3.9 T exp2/s on an H100 or H200: 4096 FLOPs against
  *   16 exp2 per clock and SM). Overlapped they cost nothing; one after the other, they stretch
@@ -114,6 +118,17 @@ namespace {
 #define STAGE13_D64_WG3 0
 #endif
 static_assert(STAGE13_D64_WG3 == 0 || STAGE13_D64_WG3 == 1, "STAGE13_D64_WG3: 0 (two consumer warpgroups) or 1 (three)");
+/* EARLY_Q, STAGE13_EARLY_Q=1 (nvcc -D; default 0, not yet run on a GPU): each consumer warp frees
+ * Q_i for the next work item's as soon as the item's last S = Q K^T has completed, not after the
+ * epilogue, so that the copy of the next Q_i runs under the item's last P V, softmax and epilogue
+ * instead of before the next item's first S. The epilogue then cannot stage O through Q_i: it
+ * stores O from the accumulators straight to global memory (the kernel's epilogue says why not
+ * through another buffer). */
+#ifndef STAGE13_EARLY_Q
+#define STAGE13_EARLY_Q 0
+#endif
+static_assert(STAGE13_EARLY_Q == 0 || STAGE13_EARLY_Q == 1, "STAGE13_EARLY_Q: 0 (Q_i freed after the epilogue) or 1 (after the last S)");
+constexpr bool EARLY_Q = STAGE13_EARLY_Q != 0;
 constexpr int WARPGROUP = 4 * WARP_SIZE; /* threads that issue one wgmma together */
 constexpr int PRODUCER_REGS = 24; /* setmaxnreg, per producer thread (above); the consumers': tiles */
 constexpr size_t SMEM_MAX = 227 * 1024; /* the shared memory a block may have on an H100 or H200 */
@@ -143,7 +158,8 @@ struct tiles {
      * the producer gives back: 240 with two consumer warpgroups, 160 with three */
     static constexpr int LAUNCH_REGS = 65536 / NTHREADS / 8 * 8;
     static constexpr int CONSUMER_REGS = (LAUNCH_REGS * NTHREADS - PRODUCER_REGS * WARPGROUP) / (NWARPS * WARP_SIZE) / 8 * 8;
-    /* The named barriers (0 is __syncthreads'): 1 + wg, the epilogue of consumer warpgroup wg; then
+    /* The named barriers (0 is __syncthreads'): 1 + wg, the epilogue of consumer warpgroup wg (not
+     * used with EARLY_Q, whose epilogue does not touch shared memory); then
      * TURN_BAR + wg, warpgroup wg's turn (3 and 4 with two warpgroups; 4, 5 and 6 with three) */
     static constexpr int TURN_BAR = 1 + NWARPGROUPS;
     static constexpr int ROWS_PER_WARP = 16 * M_TILES;
@@ -200,7 +216,8 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
     uint64_t *empty = (uint64_t *)(smem + Tiles::empty); /* [STAGES]: every consumer warp is done with it */
     uint64_t *Q_full = (uint64_t *)(smem + Tiles::Q_full); /* Q_i has landed */
     uint64_t *Q_empty = (uint64_t *)(smem + Tiles::Q_empty); /* every consumer warp has stored its O rows
-                                                               * through Q_i: the next Q_i may come */
+                                                               * through Q_i (EARLY_Q: has had its last
+                                                               * S = Q K^T): the next Q_i may come */
 
     const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
     const int g = lane >> 2, t = lane & 3;      /* groupID, tid_in_group (see mma.cuh) */
@@ -243,7 +260,7 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
     /* The barriers, by one thread: full[s] completes a phase when the producer has arrived (1) and
      * the bytes it announced have landed; empty[s] when each of the NWARPS consumer warps has
      * arrived once (one lane per warp, after the warp's wait for its wgmma); Q_empty likewise,
-     * after the warp's O rows have left through Q_i. */
+     * after the warp's O rows have left through Q_i (EARLY_Q: after its wait for its last S). */
     if (tid == 0) {
         for (int s = 0; s < STAGES; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], NWARPS);
         mbar_init(Q_full, 1), mbar_init(Q_empty, NWARPS);
@@ -277,8 +294,15 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
                  * nth Q_i waits for the (nth - 1)-th phase of Q_empty. Before that wait, the tiles whose
                  * stages the previous items free (j < STAGES: their stage's last tile is an earlier
                  * item's, released before its epilogue), so that they are in by the time Q_i is;
-                 * tiles j >= STAGES need this item's consumers, so they come after Q_i. */
-                const int early = nth == 0 ? 0 : min(W.n_tiles, STAGES);
+                 * tiles j >= STAGES need this item's consumers, so they come after Q_i.
+                 * EARLY_Q: the (nth - 1)-th phase of Q_empty completes at the previous item's last
+                 * S, while its consumers still hold the stages of its last HELD tiles: the last
+                 * tile's V_j, which its last P V reads, and with OVERLAP the one before it too (that
+                 * P V still runs under the softmax). A tile waiting for one of those stages before
+                 * Q_i would hold Q_i's copy back to the end of that P V, so only the tiles whose
+                 * stage is free by then come first (j < STAGES - HELD), the rest after Q_i. */
+                constexpr int HELD = OVERLAP ? 2 : 1;
+                const int early = nth == 0 ? 0 : min(W.n_tiles, EARLY_Q ? STAGES - HELD : STAGES);
                 for (int j = 0; j < early; j++) load_kv(j);
                 if (nth > 0) mbar_wait(Q_empty, (nth - 1) & 1);
                 /* Q_i: HeadDim / 64 boxes of 64 columns x Br rows, one per column block */
@@ -356,6 +380,19 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
          * V_j. One arrival per warp: the last of the NWARPS frees the stage for tile j + STAGES. */
         auto release = [&](int j) {
             if (lane == 0) mbar_arrive(&empty[(it0 + j) % STAGES]);
+        };
+        /* EARLY_Q: this warp is done with Q_i once it has waited for S_ij of the item's last tile j:
+         * only S = Q K^T reads Q_i (P V reads P_ij from registers and V_j; the epilogue, with EARLY_Q,
+         * no shared memory), and every warpgroup issues S for every tile of the item, masked or not
+         * ("The counts" below), so each warp arrives exactly once per item, NWARPS arrivals a phase.
+         * The same release as a ring stage's: the reads were the tensor cores' (async proxy), done
+         * at the wait, and the next Q_i is the copy engine's write (async proxy): no proxy fence,
+         * the arrival orders them. The producer waits for the phase before the next Q_i; a warp can
+         * arrive for the item after only once it has waited for that Q_i (Q_full), so no warp gets
+         * a phase ahead. */
+        auto release_Q = [&](int j) {
+            if constexpr (EARLY_Q)
+                if (j == n_tiles - 1 && lane == 0) mbar_arrive(Q_empty);
         };
 
         /* S_ij = Q_i K_j^T issued (raw: the scale is applied inside the exponential), this
@@ -468,6 +505,7 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
             wgmma_hold(O_acc[0]);
             wgmma_hold(P_ij);
             if (TURNED && j > 0) release(j - 1); /* O_i += P_{i,j-1} V_{j-1} has read V_{j-1} */
+            release_Q(j); /* the item's last S_ij: Q_i read */
             float alpha[M_TILES][2];
             softmax(S_ij, key0, alpha);
             rescale_pack(S_ij, alpha);
@@ -502,6 +540,7 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
                 turn_end();
                 wgmma_wait<1>(); /* S_{i,j+1} in registers; O_i += P_ij V_j may still be running */
                 wgmma_hold(S_ij[0]);
+                release_Q(j + 1); /* the item's last S: Q_i read, while P_ij V_j still runs */
                 float alpha[M_TILES][2];
                 softmax(S_ij, (j + 1) * Bc, alpha); /* exp2 on the MUFU units, P_ij V_j on the tensor cores */
                 /* O_i += P_ij V_j done: O_i is ours again, P_ij's registers free. wgmma_wait_here: a
@@ -538,11 +577,18 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
                                                       * so that every tile is released once) */
 
         /* The one normalization, O_i / l_i, and L = scale * m + log(l) in nats. O goes through this
-         * warp's own rows of the Q tile in shared memory, then out in 16-byte stores along each row. */
-        named_barrier_sync(1 + wg, WARPGROUP); /* a warpgroup's wgmma reads all 64 of its rows of Q_i: no
-                                                * warp overwrites its rows before every warp of its
-                                                * warpgroup is past its last wgmma (a barrier of the
-                                                * warpgroup alone: the producer has left) */
+         * warp's own rows of the Q tile in shared memory, then out in 16-byte stores along each row.
+         * EARLY_Q: Q_i may already hold the next item's Q, so O goes from the accumulators straight
+         * to global memory, each lane's pairs of adjacent columns as one 32-bit store (a warp's store
+         * covers 16 bytes of each of 8 rows; the next n8 tile fills the rest of those 32-byte
+         * sectors, which L2 merges before HBM: the same bytes reach HBM). Not through another shared
+         * buffer: at d = 128 Q_i and the three ring stages leave 3 KiB, at d = 256 35 KiB, under
+         * the 32 and 64 KiB of an O tile; only d = 64 has room, and one epilogue serves every d. */
+        if constexpr (!EARLY_Q)
+            named_barrier_sync(1 + wg, WARPGROUP); /* a warpgroup's wgmma reads all 64 of its rows of Q_i: no
+                                                    * warp overwrites its rows before every warp of its
+                                                    * warpgroup is past its last wgmma (a barrier of the
+                                                    * warpgroup alone: the producer has left) */
 #pragma unroll
         for (int mt = 0; mt < M_TILES; mt++)
 #pragma unroll
@@ -556,30 +602,40 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
                     tally.add(CNT_ROW_NORMALIZE);
                     L[query] = m_i[mt][h] * scale_log2 * LN2 + logf(sum);
                 }
+                if constexpr (EARLY_Q) {
+                    if (query < N) /* rows past N are not written */
 #pragma unroll
-                for (int nt = 0; nt < DT; nt++)
-                    *(uint32_t *)&Q_i[sw128<Br>(r, nt) + 2 * t] =
-                        M::pack(O_acc[mt][nt][2 * h] * inv_l, O_acc[mt][nt][2 * h + 1] * inv_l);
+                        for (int nt = 0; nt < DT; nt++)
+                            *(uint32_t *)&O[(size_t)query * HeadDim + nt * 8 + 2 * t] =
+                                M::pack(O_acc[mt][nt][2 * h] * inv_l, O_acc[mt][nt][2 * h + 1] * inv_l);
+                } else {
+#pragma unroll
+                    for (int nt = 0; nt < DT; nt++)
+                        *(uint32_t *)&Q_i[sw128<Br>(r, nt) + 2 * t] =
+                            M::pack(O_acc[mt][nt][2 * h] * inv_l, O_acc[mt][nt][2 * h + 1] * inv_l);
+                }
             }
-        __syncwarp(); /* this warp's O rows in shared memory before its lanes copy them out */
-        constexpr int CHUNKS = HeadDim / 8;
-        /* Unrolled by 4 (what nvcc picks here unasked), but with three warpgroups not at all: unrolled,
-         * ptxas computes each copy's addresses once for the whole block, out of the item loop, and
-         * under 160 registers it spills them (to load them back every item); rolled, they are cheap
-         * to compute again per copy */
-        constexpr int UNROLL = NWARPGROUPS == 3 ? 1 : 4;
+        if constexpr (!EARLY_Q) {
+            __syncwarp(); /* this warp's O rows in shared memory before its lanes copy them out */
+            constexpr int CHUNKS = HeadDim / 8;
+            /* Unrolled by 4 (what nvcc picks here unasked), but with three warpgroups not at all: unrolled,
+             * ptxas computes each copy's addresses once for the whole block, out of the item loop, and
+             * under 160 registers it spills them (to load them back every item); rolled, they are cheap
+             * to compute again per copy */
+            constexpr int UNROLL = NWARPGROUPS == 3 ? 1 : 4;
 #pragma unroll(UNROLL)
-        for (int c = lane; c < Tiles::ROWS_PER_WARP * CHUNKS; c += WARP_SIZE) {
-            const int r = row0 + c / CHUNKS, chunk = c % CHUNKS, query = q0 + r;
-            if (query < N)
-                *(uint4 *)&O[(size_t)query * HeadDim + chunk * 8] = *(const uint4 *)&Q_i[sw128<Br>(r, chunk)];
+            for (int c = lane; c < Tiles::ROWS_PER_WARP * CHUNKS; c += WARP_SIZE) {
+                const int r = row0 + c / CHUNKS, chunk = c % CHUNKS, query = q0 + r;
+                if (query < N)
+                    *(uint4 *)&O[(size_t)query * HeadDim + chunk * 8] = *(const uint4 *)&Q_i[sw128<Br>(r, chunk)];
+            }
+            /* This warp's rows of Q_i are free for the next item's Q_i: its lanes' ordinary reads and
+             * writes of them (generic proxy) ordered before the copy engine's write (async proxy), then
+             * one arrival per warp on Q_empty, which the producer waits for */
+            fence_proxy_async_smem();
+            __syncwarp();
+            if (lane == 0) mbar_arrive(Q_empty);
         }
-        /* This warp's rows of Q_i are free for the next item's Q_i: its lanes' ordinary reads and
-         * writes of them (generic proxy) ordered before the copy engine's write (async proxy), then
-         * one arrival per warp on Q_empty, which the producer waits for */
-        fence_proxy_async_smem();
-        __syncwarp();
-        if (lane == 0) mbar_arrive(Q_empty);
         it0 += n_tiles;
     }
     if (wg == 0) turn_begin(); /* the turn the last warpgroup handed over, which nobody takes (the counts) */
@@ -743,9 +799,9 @@ int tiles_of(const struct choices *ch, size_t limit, struct tile_config *c)
     if (!ch->persistent) snprintf(grid, sizeof grid, "plain grid");
     else if (ch->blocks) snprintf(grid, sizeof grid, "persistent grid of %lld blocks", ch->blocks);
     else snprintf(grid, sizeof grid, "persistent grid");
-    return tiles_found(c, Tiles::Br, Tiles::Bc, Tiles::bytes, "Br=%d Bc=%d stages=%d, %d consumer warpgroups, %s, %s, %s",
+    return tiles_found(c, Tiles::Br, Tiles::Bc, Tiles::bytes, "Br=%d Bc=%d stages=%d, %d consumer warpgroups, %s, %s, %s%s",
                        Tiles::Br, Tiles::Bc, Tiles::STAGES, Tiles::NWARPGROUPS, Tiles::PINGPONG ? "ping-pong" : "no turns",
-                       schedule, grid);
+                       schedule, grid, EARLY_Q ? ", early Q_i" : "");
 }
 
 int tiles_for(const struct attn_args *a, int backward, size_t limit, struct tile_config *c)
