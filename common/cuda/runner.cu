@@ -1,6 +1,7 @@
 /* runner.cu: the GPU half of the harness. Inputs to the device in the stage's dtype, the output
- * poisoned, one checked run (a stage with a workspace: its second call, first_call), the warm-up, then the timed runs between CUDA events; the stage's
- * forward itself only launches kernels. Also the device query and device buffers (gpu.h). */
+ * poisoned, one checked run (a stage with a workspace: its second call, first_call), the warm-up,
+ * then the timed runs between CUDA events; the stage's forward itself only launches kernels. Also
+ * the device query and device buffers (gpu.h). */
 #include "common/cuda/gpu.h"
 #include "common/cuda/l2_flush.cuh"
 #include "common/half.h"
