@@ -22,14 +22,13 @@
  *     environment runs the turned loop instead (P V, then S, one wait for both, then the softmax),
  *     to time against. Both are compiled (the kernel's OVERLAP); d = 256, not turned, has one
  *     schedule. The summary names the one run.
- *   - At d = 64, with STAGE13_D64_WG3=1 at compile time (nvcc -D; not the default), three consumer
- *     warpgroups take turns round robin on a Q tile of 192 rows, as FlashAttention-3 does at d = 64:
- *     a warpgroup's softmax then hides under two other warpgroups' matmuls, not one. Compiled and
- *     read in the SASS; not yet run on a GPU.
- *   - With STAGE13_EARLY_Q=1 at compile time (nvcc -D; not the default), Q_i is freed for the next
- *     work item's as soon as the item's last S = Q K^T is done, and O goes from the registers
- *     straight to global memory: the next Q_i's copy runs under the item's end, not before the
- *     next item's start. Compiled and read in the SASS; not yet run on a GPU.
+ *   - At d = 64 three consumer warpgroups take turns round robin on a Q tile of 192 rows, as
+ *     FlashAttention-3 does at d = 64: a warpgroup's softmax then hides under two other
+ *     warpgroups' matmuls, not one (cfg<64>::NWARPGROUPS; d = 128 and 256 keep two).
+ *   - At d = 64, Q_i is freed for the next work item's as soon as the item's last S = Q K^T is
+ *     done, and O goes from the registers straight to global memory: the next Q_i's copy runs
+ *     under the item's end, not before the next item's start (cfg<64>::EARLY_Q; at d = 128 and
+ *     256 it measured 0.89-1.00x, and O is staged through Q_i as before).
  * Why: per K/V tile the exponentials are half the tensor cores' time at d = 128 and as much at
  *   d = 64 (989 TFLOP/s of fp16 matmul against 3.9 T exp2/s on an H100 or H200: 4096 FLOPs against
  *   16 exp2 per clock and SM). Overlapped they cost nothing; one after the other, they stretch
@@ -69,8 +68,8 @@ namespace {
  * (16-bit pairs) that the tensor cores read until the wait: all three live at once.
  * Bc is 128 at d = 64 (stage 11 takes 64 there, which its cp.async buffers needed; here Bc = 64
  * measured 0.84-0.88x of 128, below), 128 at d = 128, 64 at d = 256 (O_i alone is 128 registers).
- * STAGE13_D64_WG3=1 (nvcc -D; default 0) gives d = 64 three consumer warpgroups instead, Br = 192,
- * as FlashAttention-3 does at d = 64 (below: the turns go round the three, and the registers).
+ * d = 64 has three consumer warpgroups, Br = 192, as FlashAttention-3 does at d = 64 (below: the
+ * turns go round the three, and the registers).
  *
  * Then one more warpgroup, the producer (numbered after the consumers, so that the consumers'
  * thread, warp and warpgroup numbers are stage 11's). One of its threads issues every copy; the
@@ -111,24 +110,17 @@ namespace {
  * (FlashAttention-3 leaves its scheduler barrier out at d = 256 too). The registers are not the
  * reason: the turns cost a few.
  *
- * NWARPGROUPS, the consumer warpgroups: 2, or 3 at d = 64 with STAGE13_D64_WG3=1. With three, a
- * warpgroup waits for two others' turns between its own: a softmax has two turns of matmuls to
- * hide under instead of one, which is what d = 64 needs (its softmax as long as its matmuls). */
-#ifndef STAGE13_D64_WG3
-#define STAGE13_D64_WG3 0
-#endif
-static_assert(STAGE13_D64_WG3 == 0 || STAGE13_D64_WG3 == 1, "STAGE13_D64_WG3: 0 (two consumer warpgroups) or 1 (three)");
-/* EARLY_Q, STAGE13_EARLY_Q=1 (nvcc -D; default 0, not yet run on a GPU): each consumer warp frees
- * Q_i for the next work item's as soon as the item's last S = Q K^T has completed, not after the
- * epilogue, so that the copy of the next Q_i runs under the item's last P V, softmax and epilogue
- * instead of before the next item's first S. The epilogue then cannot stage O through Q_i: it
- * stores O from the accumulators straight to global memory (the kernel's epilogue says why not
- * through another buffer). */
-#ifndef STAGE13_EARLY_Q
-#define STAGE13_EARLY_Q 0
-#endif
-static_assert(STAGE13_EARLY_Q == 0 || STAGE13_EARLY_Q == 1, "STAGE13_EARLY_Q: 0 (Q_i freed after the epilogue) or 1 (after the last S)");
-constexpr bool EARLY_Q = STAGE13_EARLY_Q != 0;
+ * NWARPGROUPS, the consumer warpgroups: 2, or 3 at d = 64. With three, a warpgroup waits for two
+ * others' turns between its own: a softmax has two turns of matmuls to hide under instead of one,
+ * which is what d = 64 needs (its softmax as long as its matmuls).
+ *
+ * EARLY_Q (d = 64): each consumer warp frees Q_i for the next work item's as soon as the item's
+ * last S = Q K^T has completed, not after the epilogue, so that the copy of the next Q_i runs under
+ * the item's last P V, softmax and epilogue instead of before the next item's first S. The epilogue
+ * then cannot stage O through Q_i: it stores O from the accumulators straight to global memory (the
+ * kernel's epilogue says why not through another buffer). Measured (notes/13, "Three warpgroups
+ * and the early Q_i at d = 64"): +2 to +18% at d = 64; 0.89 to 1.00x at d = 128 and 256, which
+ * keep O staged through Q_i (why it loses there is not yet measured). */
 constexpr int WARPGROUP = 4 * WARP_SIZE; /* threads that issue one wgmma together */
 constexpr int PRODUCER_REGS = 24; /* setmaxnreg, per producer thread (above); the consumers': tiles */
 constexpr size_t SMEM_MAX = 227 * 1024; /* the shared memory a block may have on an H100 or H200 */
@@ -136,19 +128,19 @@ template <int HeadDim>
 struct cfg;
 template <>
 struct cfg<64> { /* O 32 + S 64 + P 32 */
-    static constexpr int NWARPGROUPS = STAGE13_D64_WG3 ? 3 : 2, Bc = 128, STAGES = 4, TURNED = 1, PINGPONG = 1;
+    static constexpr int NWARPGROUPS = 3, Bc = 128, STAGES = 4, TURNED = 1, PINGPONG = 1, EARLY_Q = 1;
 };
 template <>
-struct cfg<128> { static constexpr int NWARPGROUPS = 2, Bc = 128, STAGES = 3, TURNED = 1, PINGPONG = 1; };  /* O 64 + S 64 + P 32 */
+struct cfg<128> { static constexpr int NWARPGROUPS = 2, Bc = 128, STAGES = 3, TURNED = 1, PINGPONG = 1, EARLY_Q = 0; };  /* O 64 + S 64 + P 32 */
 template <>
-struct cfg<256> { static constexpr int NWARPGROUPS = 2, Bc = 64, STAGES = 2, TURNED = 0, PINGPONG = 0; }; /* O 128 + S 32 + P 16 */
+struct cfg<256> { static constexpr int NWARPGROUPS = 2, Bc = 64, STAGES = 2, TURNED = 0, PINGPONG = 0, EARLY_Q = 0; }; /* O 128 + S 32 + P 16 */
 
 /* Everything derived from the configuration: tile sizes and the shared-memory layout. */
 template <int HeadDim>
 struct tiles {
     typedef cfg<HeadDim> C;
     static constexpr int Bc = C::Bc, STAGES = C::STAGES;
-    static constexpr bool TURNED = C::TURNED != 0, PINGPONG = C::PINGPONG != 0;
+    static constexpr bool TURNED = C::TURNED != 0, PINGPONG = C::PINGPONG != 0, EARLY_Q = C::EARLY_Q != 0;
     static constexpr int NWARPGROUPS = C::NWARPGROUPS; /* consumer warpgroups */
     static constexpr int NWARPS = 4 * NWARPGROUPS;     /* consumer warps */
     /* the wgmma accumulators give each warp 16 rows of its warpgroup's 64: one m16 row tile */
@@ -203,7 +195,7 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
     typedef tiles<HeadDim> Tiles;
     typedef mma16<T> M;
     constexpr int M_TILES = Tiles::M_TILES, Br = Tiles::Br, Bc = Tiles::Bc, STAGES = Tiles::STAGES;
-    constexpr bool TURNED = Tiles::TURNED, PINGPONG = Tiles::PINGPONG;
+    constexpr bool TURNED = Tiles::TURNED, PINGPONG = Tiles::PINGPONG, EARLY_Q = Tiles::EARLY_Q;
     constexpr int NWARPGROUPS = Tiles::NWARPGROUPS, NWARPS = Tiles::NWARPS, TURN_BAR = Tiles::TURN_BAR;
     static_assert(!OVERLAP || TURNED, "the overlap leaves P_ij V_j running past the next S: a turned loop");
     constexpr int KT = Bc / 8;      /* key tiles: n8 tiles of S_ij */
@@ -801,7 +793,7 @@ int tiles_of(const struct choices *ch, size_t limit, struct tile_config *c)
     else snprintf(grid, sizeof grid, "persistent grid");
     return tiles_found(c, Tiles::Br, Tiles::Bc, Tiles::bytes, "Br=%d Bc=%d stages=%d, %d consumer warpgroups, %s, %s, %s%s",
                        Tiles::Br, Tiles::Bc, Tiles::STAGES, Tiles::NWARPGROUPS, Tiles::PINGPONG ? "ping-pong" : "no turns",
-                       schedule, grid, EARLY_Q ? ", early Q_i" : "");
+                       schedule, grid, Tiles::EARLY_Q ? ", early Q_i" : "");
 }
 
 int tiles_for(const struct attn_args *a, int backward, size_t limit, struct tile_config *c)
