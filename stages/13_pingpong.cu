@@ -118,8 +118,8 @@ namespace {
  * last S = Q K^T has completed, not after the epilogue, so that the copy of the next Q_i runs under
  * the item's last P V, softmax and epilogue instead of before the next item's first S. The epilogue
  * then cannot stage O through Q_i: it stores O from the accumulators straight to global memory (the
- * kernel's epilogue says why not through another buffer). Measured (notes/13, "Three warpgroups
- * and the early Q_i at d = 64"): +2 to +18% at d = 64; 0.89 to 1.00x at d = 128 and 256, which
+ * kernel's epilogue says why not through another buffer). Measured (notes/13, "The two d = 64
+ * changes, measured"): +2 to +18% at d = 64; 0.89 to 1.00x at d = 128 and 256, which
  * keep O staged through Q_i (why it loses there is not yet measured). */
 constexpr int WARPGROUP = 4 * WARP_SIZE; /* threads that issue one wgmma together */
 constexpr int PRODUCER_REGS = 24; /* setmaxnreg, per producer thread (above); the consumers': tiles */
