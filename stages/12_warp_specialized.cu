@@ -77,20 +77,8 @@ namespace {
  *            tile j's stage is freed as soon as P_ij V_j is done and tile j+2 has the whole of tile
  *            j+1's work to land in (turned, only its softmax; measured 0.94-0.96x of this).
  * The mbarriers add 16 bytes per stage and 8 for Q_i.
- * Choices to time on a GPU, nvcc -D: STAGE12_D64_BC=64 (8 stages), STAGE12_D64_STAGES=n,
- * STAGE12_D128_TURNED=1, STAGE12_D256_TURNED=1 (note 12 has the measurements). */
-#ifndef STAGE12_D64_BC
-#define STAGE12_D64_BC 128
-#endif
-#ifndef STAGE12_D64_STAGES
-#define STAGE12_D64_STAGES (STAGE12_D64_BC == 64 ? 8 : 4)
-#endif
-#ifndef STAGE12_D128_TURNED
-#define STAGE12_D128_TURNED 0
-#endif
-#ifndef STAGE12_D256_TURNED
-#define STAGE12_D256_TURNED 0
-#endif
+ * The alternatives (Bc = 64 at d = 64, turned at d = 128 and 256) lost and were removed: note 12
+ * has the measurements; commit 2bbf406 builds them with nvcc -D. */
 constexpr int NWARPGROUPS = 2;  /* consumer warpgroups */
 constexpr int NWARPS = 4 * NWARPGROUPS;  /* consumer warps */
 constexpr int WARPGROUP = 4 * WARP_SIZE; /* threads that issue one wgmma together */
@@ -99,11 +87,11 @@ constexpr size_t SMEM_MAX = 227 * 1024; /* the shared memory a block may have on
 template <int HeadDim>
 struct cfg;
 template <>
-struct cfg<64> { static constexpr int Bc = STAGE12_D64_BC, STAGES = STAGE12_D64_STAGES, TURNED = 1; }; /* O 32 + S 64 + P 32 */
+struct cfg<64> { static constexpr int Bc = 128, STAGES = 4, TURNED = 1; }; /* O 32 + S 64 + P 32 */
 template <>
-struct cfg<128> { static constexpr int Bc = 128, STAGES = 3, TURNED = STAGE12_D128_TURNED; };  /* O 64 + S 64 + P 32 */
+struct cfg<128> { static constexpr int Bc = 128, STAGES = 3, TURNED = 0; };  /* O 64 + S 64 + P 32 */
 template <>
-struct cfg<256> { static constexpr int Bc = 64, STAGES = 2, TURNED = STAGE12_D256_TURNED; }; /* O 128 + S 32 + P 16 */
+struct cfg<256> { static constexpr int Bc = 64, STAGES = 2, TURNED = 0; }; /* O 128 + S 32 + P 16 */
 
 /* Everything derived from the configuration: tile sizes and the shared-memory layout. */
 template <int HeadDim>
