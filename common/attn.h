@@ -92,7 +92,7 @@ typedef int (*attn_fn)(const struct attn_args *a, char *why, size_t n);
 struct tile_config {
     int Br, Bc;          /* query rows per Q tile, keys per K/V tile (a backward: its dK/dV kernel's) */
     size_t smem_bytes;   /* dynamic shared memory per block (a backward: its largest kernel's) */
-    char text[160];      /* what the summary shows, "Br=128 Bc=64 Bs=32"; or why none fits */
+    char text[192];      /* what the summary shows, "Br=128 Bc=64 Bs=32"; or why none fits */
 };
 
 struct stage {

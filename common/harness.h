@@ -130,7 +130,7 @@ struct result {
     char device_name[256];    /* the device's name, shown in the summary */
     char arch[64];            /* GPU: its architecture and the code running on it, "sm_90" or
                                * "sm_90, running compute_75 PTX" (the summary shows it) */
-    char tiles[256];          /* GPU: the stage's tiles and their shared memory (stage.tiles), or "" */
+    char tiles[288];          /* GPU: the stage's tiles and their shared memory (stage.tiles), or "" */
     double ms_median, ms_min;
     double max_err;           /* vs the reference; negative when not checked */
     const char *check;        /* "pass", "fail" or "skip" */

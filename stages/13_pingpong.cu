@@ -14,7 +14,10 @@
  *     heaviest first, in a snake order; the producer copies the next item's first K/V tiles while
  *     the consumers finish the last one. STAGE13_PERSISTENT=0 in the environment runs stage 12's
  *     grid instead (a block per item), =1 (the default) the persistent one; both are checked
- *     (STAGE13_BLOCKS=n: a persistent grid of n blocks, for the tests).
+ *     (STAGE13_BLOCKS=n: a persistent grid of n blocks, for the tests). The items go by sections
+ *     of heads whose K and V fit half the L2 cache, so that the blocks running at once read the
+ *     same K/V tiles and find them there, not in HBM (STAGE13_SECTION=n: sections of n heads; n at
+ *     least B * H gives one section, the order before sections).
  *   - Within a warpgroup, the softmax under its own P V (FlashAttention-3's intra-warpgroup
  *     overlap), the default: S_{i,j+1} = Q_i K_{j+1}^T is issued first and O_i += P_ij V_j second,
  *     the wait is for S alone, and the softmax of S_{i,j+1} runs while the tensor cores still do
@@ -190,7 +193,7 @@ template <typename T, int HeadDim, bool OVERLAP, bool COUNT>
 __global__ void __launch_bounds__(tiles<HeadDim>::NTHREADS, 1)
 stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_constant__ CUtensorMap tmap_K,
                         const __grid_constant__ CUtensorMap tmap_V, T *__restrict__ O_all, float *__restrict__ L_all,
-                        int N, int BH, int causal, float scale_log2, unsigned long long *counters)
+                        int N, int BH, int section, int causal, float scale_log2, unsigned long long *counters)
 {
     typedef tiles<HeadDim> Tiles;
     typedef mma16<T> M;
@@ -225,14 +228,23 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
     const uint64_t V_desc = wgmma_desc_mnmajor((unsigned)__cvta_generic_to_shared(V_buf), Bc * SW128_ROW_BYTES);
     constexpr unsigned TILE_BYTES = 2 * Bc * HeadDim; /* one K (or V) buffer */
 
-    /* The work: one item per (Q tile, head), Tr * BH of them, numbered heaviest first: item w is
-     * head w % BH's Q tile of rank w / BH, rank 0 being, with a causal mask, the last Q tile (it
-     * sees the most K/V tiles). A block takes, round by round, one item from each stretch of
-     * gridDim.x: its own position in even rounds, the mirror one in odd rounds (a snake: the block
-     * with the heaviest item of one round has the lightest of the next, so that the blocks' sums
-     * stay close as the items get lighter). The plain grid has a block per item, one round: item
-     * blockIdx.x, stage 12's order (blocks start in that order, the longest first). The persistent
-     * grid has a block per SM, each with many rounds. -1: past the last item. */
+    /* The work: one item per (Q tile, head), Tr * BH of them, numbered by sections of `section`
+     * heads (the last section may have fewer): within a section rank by rank, heaviest first, and
+     * within a rank head by head. Rank 0 is, with a causal mask, the last Q tile (it sees the most
+     * K/V tiles). Why sections: the blocks running at once take consecutive items, and every item
+     * reads all of its head's K and V (up to its Q tile, causal). Numbered head by head within a
+     * rank across all B * H heads, 132 items at once are 132 heads at N = 1024, each head's K/V read
+     * from HBM again by each of its Q tiles, rounds apart, long evicted from the L2 (at d = 128 that
+     * is 1 GB of K/V reads for 0.27 GB of Q, K, V and O). The host picks `section` so that a
+     * section's K and V fit half the L2 ("The L2 and the order of the items" in note 13): its
+     * items' K/V tiles are read from HBM about once, then from the L2. A section of every head is
+     * the order before sections.
+     * A block takes, round by round, one item from each stretch of gridDim.x: its own position in
+     * even rounds, the mirror one in odd rounds (a snake: the block with the heaviest item of one
+     * round has the lightest of the next, so that the blocks' sums stay close as the items get
+     * lighter). The plain grid has a block per item, one round: item blockIdx.x (blocks start in
+     * that order). The persistent grid has a block per SM, each with many rounds. -1: past the
+     * last item. */
     const int Tr = CEIL_DIV(N, Br), items = Tr * BH;
     auto item = [&](int round) {
         const long long w = (long long)round * gridDim.x +
@@ -244,8 +256,10 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
     const int Tc = CEIL_DIV(N, Bc);
     struct work { int bh, q0, n_tiles; };
     auto work_of = [&](int w) {
-        const int i = causal ? Tr - 1 - w / BH : w / BH, q0 = i * Br;
-        return work{w % BH, q0, causal ? min(Tc, (min(q0 + Br, N) - 1) / Bc + 1) : Tc};
+        const int sec = w / (section * Tr), in_sec = w - sec * section * Tr; /* its section, its place in it */
+        const int h0 = sec * section, heads = min(section, BH - h0);         /* the section's heads */
+        const int rank = in_sec / heads, i = causal ? Tr - 1 - rank : rank, q0 = i * Br;
+        return work{h0 + in_sec % heads, q0, causal ? min(Tc, (min(q0 + Br, N) - 1) / Bc + 1) : Tc};
     };
     work_tally<COUNT> tally;
 
@@ -672,15 +686,19 @@ void hbm_bytes(const struct shape *sh, struct hbm_traffic *t)
  *     3, so that a block runs many items one after another on small problems.
  *   STAGE13_OVERLAP=1 (or unset): FlashAttention-3's intra-warpgroup overlap, softmax under P V;
  *     =0: the turned loop, softmax after P V. d = 256, not turned, runs its one schedule under
- *     both. */
+ *     both.
+ *   STAGE13_SECTION=n: the work items by sections of n heads (the kernel's work order) instead of
+ *     the rule's (section_heads); n of B * H or more: one section, the order before sections. */
 struct choices {
     int persistent;  /* 0: the plain grid */
     long long blocks; /* the persistent grid's blocks; 0: one per SM */
     int overlap;
+    long long section; /* heads per section; 0: the rule's */
 };
 int run_choices(struct choices *c, char *why, size_t n)
 {
     const char *p = getenv("STAGE13_PERSISTENT"), *b = getenv("STAGE13_BLOCKS"), *o = getenv("STAGE13_OVERLAP");
+    const char *sec = getenv("STAGE13_SECTION");
     if (p && *p && strcmp(p, "0") && strcmp(p, "1")) {
         snprintf(why, n, "STAGE13_PERSISTENT=%s: expected 0 (a block per Q tile and head) or 1 (a block per SM, "
                  "the default)", p);
@@ -696,8 +714,34 @@ int run_choices(struct choices *c, char *why, size_t n)
         snprintf(why, n, "STAGE13_BLOCKS=%s: expected the persistent grid's blocks, 1 to 2^31 - 1", b);
         return ATTN_UNSUPPORTED;
     }
-    *c = choices{!(p && !strcmp(p, "0")), want, !(o && !strcmp(o, "0"))};
+    const long long heads = sec && *sec ? strtoll(sec, &end, 10) : 0;
+    if (sec && *sec && (*end || heads < 1 || heads > 2147483647LL)) {
+        snprintf(why, n, "STAGE13_SECTION=%s: expected the heads of a section of the work, 1 to 2^31 - 1", sec);
+        return ATTN_UNSUPPORTED;
+    }
+    *c = choices{!(p && !strcmp(p, "0")), want, !(o && !strcmp(o, "0")), heads};
     return 0;
+}
+
+/* The heads per section of the work order (the kernel's work_of): as many heads as have their K
+ * and V, 2 * N * d 16-bit elements each, in half the device's L2 cache (the other half for the Q
+ * tiles, O and what else passes through), at least 1, at most every head; STAGE13_SECTION
+ * overrides it. Where no device says its L2 size (a summary asked for on a machine without one),
+ * one section of every head. */
+int section_heads(const struct choices *c, const struct shape *sh)
+{
+    static long long l2 = -1; /* the device's L2 bytes, asked once per run */
+    if (l2 < 0) {
+        int dev = 0, bytes = 0;
+        if (cudaGetDevice(&dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, dev) == cudaSuccess)
+            l2 = bytes;
+        else
+            (void)cudaGetLastError(), l2 = 0;
+    }
+    const long long bh = (long long)sh->B * sh->H, kv_head = 2LL * sh->N * sh->d * 2;
+    const long long rule = l2 ? std::max(1LL, l2 / 2 / kv_head) : bh;
+    return (int)std::min(bh, c->section ? c->section : rule);
 }
 
 /* The grid's blocks for `items` work items under the choices c. Returns 0, or ATTN_CUDA_ERROR. */
@@ -729,17 +773,18 @@ int launch(const struct attn_args *a, const struct choices *c, char *why, size_t
     }
     long long blocks;
     if (int rc = grid_blocks(c, items, &blocks, why, n)) return rc;
+    const int section = section_heads(c, sh);
     /* The tensor maps, made on the host for this call's tensors (a few microseconds of CPU, no
      * GPU work) and passed by value: Q's boxes are Br rows, K's and V's Bc. */
     CUtensorMap tmap_Q, tmap_K, tmap_V;
     if (int rc = tma_map_heads<T>(&tmap_Q, (const T *)a->Q, bh, sh->N, HeadDim, Tiles::Br, why, n)) return rc;
     if (int rc = tma_map_heads<T>(&tmap_K, (const T *)a->K, bh, sh->N, HeadDim, Tiles::Bc, why, n)) return rc;
     if (int rc = tma_map_heads<T>(&tmap_V, (const T *)a->V, bh, sh->N, HeadDim, Tiles::Bc, why, n)) return rc;
-    /* one dimension: the kernel numbers the items itself, heaviest first */
+    /* one dimension: the kernel numbers the items itself, by sections, heaviest first */
     const dim3 grid((unsigned)blocks);
     const dim3 block(Tiles::NTHREADS);
     stage13_pingpong_kernel<T, HeadDim, OVERLAP, COUNT><<<grid, block, smem>>>(
-        tmap_Q, tmap_K, tmap_V, (T *)a->O, a->L, sh->N, (int)bh, sh->causal, sh->scale * LOG2E, a->counters);
+        tmap_Q, tmap_K, tmap_V, (T *)a->O, a->L, sh->N, (int)bh, section, sh->causal, sh->scale * LOG2E, a->counters);
     CUDA_TRY(cudaGetLastError());
     return 0;
 }
@@ -776,7 +821,7 @@ int forward(const struct attn_args *a, char *why, size_t n)
 
 /* What the summary names: the tiles, and the schedule and grid the environment chose. */
 template <int HeadDim>
-int tiles_of(const struct choices *ch, size_t limit, struct tile_config *c)
+int tiles_of(const struct choices *ch, const struct shape *sh, size_t limit, struct tile_config *c)
 {
     typedef tiles<HeadDim> Tiles;
     if (Tiles::bytes > limit) {
@@ -791,9 +836,11 @@ int tiles_of(const struct choices *ch, size_t limit, struct tile_config *c)
     if (!ch->persistent) snprintf(grid, sizeof grid, "plain grid");
     else if (ch->blocks) snprintf(grid, sizeof grid, "persistent grid of %lld blocks", ch->blocks);
     else snprintf(grid, sizeof grid, "persistent grid");
-    return tiles_found(c, Tiles::Br, Tiles::Bc, Tiles::bytes, "Br=%d Bc=%d stages=%d, %d consumer warpgroups, %s, %s, %s%s",
+    const int section = section_heads(ch, sh);
+    return tiles_found(c, Tiles::Br, Tiles::Bc, Tiles::bytes,
+                       "Br=%d Bc=%d stages=%d, %d consumer warpgroups, %s, %s, %s%s, L2 sections of %d heads",
                        Tiles::Br, Tiles::Bc, Tiles::STAGES, Tiles::NWARPGROUPS, Tiles::PINGPONG ? "ping-pong" : "no turns",
-                       schedule, grid, Tiles::EARLY_Q ? ", early Q_i" : "");
+                       schedule, grid, Tiles::EARLY_Q ? ", early Q_i" : "", section);
 }
 
 int tiles_for(const struct attn_args *a, int backward, size_t limit, struct tile_config *c)
@@ -802,9 +849,9 @@ int tiles_for(const struct attn_args *a, int backward, size_t limit, struct tile
     struct choices ch;
     if (int rc = run_choices(&ch, c->text, sizeof c->text)) return rc;
     switch (a->sh.d) {
-    case 64: return tiles_of<64>(&ch, limit, c);
-    case 128: return tiles_of<128>(&ch, limit, c);
-    case 256: return tiles_of<256>(&ch, limit, c);
+    case 64: return tiles_of<64>(&ch, &a->sh, limit, c);
+    case 128: return tiles_of<128>(&ch, &a->sh, limit, c);
+    case 256: return tiles_of<256>(&ch, &a->sh, limit, c);
     }
     snprintf(c->text, sizeof c->text, "supports head dim 64, 128 or 256 (got d=%d)", a->sh.d);
     return ATTN_UNSUPPORTED;

@@ -9,7 +9,8 @@
  * stages::grids       a stage's run-time choices of grid, each over the grid of shapes (stage 13:
  *                     the plain grid, and persistent grids of 1 and 3 blocks, whose blocks run many
  *                     work items in a row, which one block per SM never does on the shapes above;
- *                     each with its default schedule and with STAGE13_OVERLAP=0).
+ *                     each with its default schedule and with STAGE13_OVERLAP=0; and the work
+ *                     order by sections of 1 and 4 heads, STAGE13_SECTION).
  * A GPU case skips with a one-line reason where there is no CUDA device, where the stage is
  * built for another architecture than the device's (the Hopper stages, sm_90a), or where the
  * device cannot run that case: bf16 on Turing's code, or no tiles of the stage fit its shared
@@ -179,7 +180,9 @@ ParameterizedTest(struct test_case *tc, stages, one_head) { test_stage_vs_refere
  * (the softmax under P V) and with the turned loop (STAGE13_OVERLAP=0; an env of several
  * NAME=value is space-separated). The persistent grid of 1 block runs every work item in one
  * block, so the ring's phases, the Q barriers and the turns carry over from item to item (up to 48
- * items here); 3 blocks take the snake order's odd rounds and a last partial round. */
+ * items here); 3 blocks take the snake order's odd rounds and a last partial round. The work
+ * order's sections of heads (STAGE13_SECTION): the rule gives these small shapes one section of
+ * all B * H = 6 heads, so sections of 1 and of 4 (a full one, then one of 2) are asked for. */
 static const struct { const char *stage, *env; } test_grid_envs[] = {
     {"stage13", "STAGE13_PERSISTENT=0"},
     {"stage13", "STAGE13_BLOCKS=1"},
@@ -187,6 +190,9 @@ static const struct { const char *stage, *env; } test_grid_envs[] = {
     {"stage13", "STAGE13_OVERLAP=0 STAGE13_PERSISTENT=0"},
     {"stage13", "STAGE13_OVERLAP=0 STAGE13_BLOCKS=1"},
     {"stage13", "STAGE13_OVERLAP=0 STAGE13_BLOCKS=3"},
+    {"stage13", "STAGE13_SECTION=1 STAGE13_BLOCKS=3"},
+    {"stage13", "STAGE13_SECTION=4 STAGE13_BLOCKS=1"},
+    {"stage13", "STAGE13_SECTION=4 STAGE13_PERSISTENT=0"},
 };
 static const enum dtype test_16bit[] = {DT_F16, DT_BF16};
 
