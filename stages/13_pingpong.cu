@@ -723,38 +723,38 @@ int run_choices(struct choices *c, char *why, size_t n)
     return 0;
 }
 
-/* The heads per section of the work order (the kernel's work_of): as many heads as have their K
- * and V, 2 * N * d 16-bit elements each, in half the device's L2 cache (the other half for the Q
- * tiles, O and what else passes through), at least 1, at most every head; STAGE13_SECTION
- * overrides it. Where no device says its L2 size (a summary asked for on a machine without one),
- * one section of every head. */
-int section_heads(const struct choices *c, const struct shape *sh)
+/* The device's SMs and L2 bytes, asked once per run. Returns 0, or ATTN_CUDA_ERROR (no device). */
+struct device_facts {
+    int sms, l2_bytes;
+};
+int device_facts_of(struct device_facts *f, char *why, size_t n)
 {
-    static long long l2 = -1; /* the device's L2 bytes, asked once per run */
-    if (l2 < 0) {
-        int dev = 0, bytes = 0;
-        if (cudaGetDevice(&dev) == cudaSuccess &&
-            cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, dev) == cudaSuccess)
-            l2 = bytes;
-        else
-            (void)cudaGetLastError(), l2 = 0;
+    static struct device_facts known = {0, 0};
+    if (!known.sms) {
+        int dev = 0;
+        CUDA_TRY(cudaGetDevice(&dev));
+        CUDA_TRY(cudaDeviceGetAttribute(&known.l2_bytes, cudaDevAttrL2CacheSize, dev));
+        CUDA_TRY(cudaDeviceGetAttribute(&known.sms, cudaDevAttrMultiProcessorCount, dev));
     }
+    *f = known;
+    return 0;
+}
+
+/* The heads per section of the work order (the kernel's work_of): as many heads as have their K
+ * and V, 2 * N * d 16-bit elements each, in half of `l2_bytes` (the other half for the Q tiles, O
+ * and what else passes through), at least 1, at most every head; STAGE13_SECTION overrides it.
+ * l2_bytes 0 (no device to ask: a summary on a machine without one): one section of every head. */
+int section_heads(const struct choices *c, const struct shape *sh, int l2_bytes)
+{
     const long long bh = (long long)sh->B * sh->H, kv_head = 2LL * sh->N * sh->d * 2;
-    const long long rule = l2 ? std::max(1LL, l2 / 2 / kv_head) : bh;
+    const long long rule = l2_bytes ? std::max(1LL, l2_bytes / 2 / kv_head) : bh;
     return (int)std::min(bh, c->section ? c->section : rule);
 }
 
-/* The grid's blocks for `items` work items under the choices c. Returns 0, or ATTN_CUDA_ERROR. */
-int grid_blocks(const struct choices *c, long long items, long long *blocks, char *why, size_t n)
+/* The grid's blocks for `items` work items under the choices c, on a device of `sms` SMs. */
+long long grid_blocks(const struct choices *c, long long items, int sms)
 {
-    static int sms = 0; /* the device's SMs, asked once per run */
-    if (!sms) {
-        int dev = 0;
-        CUDA_TRY(cudaGetDevice(&dev));
-        CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    }
-    *blocks = !c->persistent ? items : std::min(items, c->blocks ? c->blocks : (long long)sms);
-    return 0;
+    return !c->persistent ? items : std::min(items, c->blocks ? c->blocks : (long long)sms);
 }
 
 template <typename T, int HeadDim, bool OVERLAP, bool COUNT>
@@ -771,9 +771,10 @@ int launch(const struct attn_args *a, const struct choices *c, char *why, size_t
         snprintf(why, n, "batch * heads * Q tiles = %lld is more work items than the kernel counts (2^31 - 1)", items);
         return ATTN_UNSUPPORTED;
     }
-    long long blocks;
-    if (int rc = grid_blocks(c, items, &blocks, why, n)) return rc;
-    const int section = section_heads(c, sh);
+    struct device_facts dev;
+    if (int rc = device_facts_of(&dev, why, n)) return rc;
+    const long long blocks = grid_blocks(c, items, dev.sms);
+    const int section = section_heads(c, sh, dev.l2_bytes);
     /* The tensor maps, made on the host for this call's tensors (a few microseconds of CPU, no
      * GPU work) and passed by value: Q's boxes are Br rows, K's and V's Bc. */
     CUtensorMap tmap_Q, tmap_K, tmap_V;
@@ -836,7 +837,10 @@ int tiles_of(const struct choices *ch, const struct shape *sh, size_t limit, str
     if (!ch->persistent) snprintf(grid, sizeof grid, "plain grid");
     else if (ch->blocks) snprintf(grid, sizeof grid, "persistent grid of %lld blocks", ch->blocks);
     else snprintf(grid, sizeof grid, "persistent grid");
-    const int section = section_heads(ch, sh);
+    char unused[160];
+    struct device_facts dev = {0, 0};
+    if (device_facts_of(&dev, unused, sizeof unused)) (void)cudaGetLastError(); /* no device: dev stays 0 */
+    const int section = section_heads(ch, sh, dev.l2_bytes);
     return tiles_found(c, Tiles::Br, Tiles::Bc, Tiles::bytes,
                        "Br=%d Bc=%d stages=%d, %d consumer warpgroups, %s, %s, %s%s, L2 sections of %d heads",
                        Tiles::Br, Tiles::Bc, Tiles::STAGES, Tiles::NWARPGROUPS, Tiles::PINGPONG ? "ping-pong" : "no turns",
