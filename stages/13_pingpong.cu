@@ -11,8 +11,8 @@
  *     keep the tensor cores busy. In stage 12 nothing kept them apart: they could drift into step,
  *     both softmaxes at once and the tensor cores idle. d = 256 keeps stage 12's schedule (config).
  *   - A persistent grid: one block per SM, each looping over work items (a Q tile of one head)
- *     heaviest first, in a snake order; the producer copies the next item's first K/V tiles while
- *     the consumers finish the last one. STAGE13_PERSISTENT=0 in the environment runs stage 12's
+ *     heaviest first, taking the next from a counter in global memory when it is free; the
+ *     producer copies the next item's first K/V tiles while the consumers finish the last one. STAGE13_PERSISTENT=0 in the environment runs stage 12's
  *     grid instead (a block per item), =1 (the default) the persistent one; both are checked
  *     (STAGE13_BLOCKS=n: a persistent grid of n blocks, for the tests). The items go by sections
  *     of heads whose K and V fit half the L2 cache, so that the blocks running at once read the
@@ -161,7 +161,8 @@ struct tiles {
     static constexpr int Br = NWARPS * ROWS_PER_WARP;
     /* Q_i [Br][HeadDim], then the ring: STAGES buffers of K_j [Bc][HeadDim], STAGES of V_j, all
      * 16-bit, in the 128-byte swizzle (wgmma.cuh): each starts on a 1024-byte atom. Then the
-     * mbarriers, 8 bytes each: full[STAGES], empty[STAGES], Q_full, Q_empty. */
+     * mbarriers, 8 bytes each: full[STAGES], empty[STAGES], Q_full, Q_empty; then the number of
+     * the work item whose Q_i Q_full announces (-1: none, the block is done). */
     static constexpr size_t Q_i = 0;
     static constexpr size_t K_j = Q_i + 2 * (size_t)Br * HeadDim;
     static constexpr size_t V_j = K_j + STAGES * 2 * (size_t)Bc * HeadDim;
@@ -169,7 +170,8 @@ struct tiles {
     static constexpr size_t empty = full + STAGES * sizeof(uint64_t);
     static constexpr size_t Q_full = empty + STAGES * sizeof(uint64_t);
     static constexpr size_t Q_empty = Q_full + sizeof(uint64_t);
-    static constexpr size_t bytes = Q_empty + sizeof(uint64_t);
+    static constexpr size_t item_slot = Q_empty + sizeof(uint64_t);
+    static constexpr size_t bytes = item_slot + sizeof(int);
     static_assert(Br == NWARPGROUPS * 64, "a warpgroup's rows are one wgmma's M, 64");
     static_assert(HeadDim % 64 == 0, "the 128-byte swizzle takes rows of whole 64-element blocks");
     static_assert(Bc % 16 == 0 && Bc >= 64, "Bc: one wgmma's N, and whole k16 steps of P_ij V_j");
@@ -193,7 +195,8 @@ template <typename T, int HeadDim, bool OVERLAP, bool COUNT>
 __global__ void __launch_bounds__(tiles<HeadDim>::NTHREADS, 1)
 stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_constant__ CUtensorMap tmap_K,
                         const __grid_constant__ CUtensorMap tmap_V, T *__restrict__ O_all, float *__restrict__ L_all,
-                        int N, int BH, int section, int causal, float scale_log2, unsigned long long *counters)
+                        int N, int BH, int section, int causal, float scale_log2, unsigned *__restrict__ next_item,
+                        unsigned long long *counters)
 {
     typedef tiles<HeadDim> Tiles;
     typedef mma16<T> M;
@@ -213,6 +216,9 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
     uint64_t *Q_empty = (uint64_t *)(smem + Tiles::Q_empty); /* every consumer warp has stored its O rows
                                                                * through Q_i (EARLY_Q: has had its last
                                                                * S = Q K^T): the next Q_i may come */
+    int *item_slot = (int *)(smem + Tiles::item_slot); /* the item of the Q_i in flight: the producer
+                                                        * writes it before its arrival on Q_full, the
+                                                        * consumers read it after their wait there */
 
     const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
     const int g = lane >> 2, t = lane & 3;      /* groupID, tid_in_group (see mma.cuh) */
@@ -239,16 +245,23 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
      * section's K and V fit half the L2 ("The L2 and the order of the items" in note 13): its
      * items' K/V tiles are read from HBM about once, then from the L2. A section of every head is
      * the order before sections.
-     * A block takes, round by round, one item from each stretch of gridDim.x: its own position in
-     * even rounds, the mirror one in odd rounds (a snake: the block with the heaviest item of one
-     * round has the lightest of the next, so that the blocks' sums stay close as the items get
-     * lighter). The plain grid has a block per item, one round: item blockIdx.x (blocks start in
-     * that order). The persistent grid has a block per SM, each with many rounds. -1: past the
-     * last item. */
+     * A block takes items one at a time: first item blockIdx.x (blocks start in that order), then
+     * whichever is next when its producer asks, from a counter in global memory (take_item), so a
+     * block that had light items takes more of them. Under a causal mask the items of a section
+     * go from heavy to light and the next section starts heavy again: a fixed share per block (a
+     * snake, as this stage had before it had sections) left some blocks every heavy item where a
+     * section is shorter than a few rounds of the grid (d = 256 at N = 16k: one head a section,
+     * 128 items for 132 blocks, 0.60x). Taking the next item when free is within one item of
+     * even whatever the order (list scheduling), and the last items are the lightest. The plain
+     * grid has a block per item and asks once, to be told there is no more. -1: past the last
+     * item.
+     * The counter goes round once per call: each of the `items` items past the first gridDim.x is
+     * handed out once and each block asks once more to hear there is none, `items` asks in all,
+     * and atomicInc(p, items - 1) stores 0 on the last: zero for the next call (the harness zeroes
+     * the workspace once). */
     const int Tr = CEIL_DIV(N, Br), items = Tr * BH;
-    auto item = [&](int round) {
-        const long long w = (long long)round * gridDim.x +
-                            (round & 1 ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
+    auto take_item = [&] {
+        const long long w = (long long)gridDim.x + atomicInc(next_item, (unsigned)items - 1);
         return w < items ? (int)w : -1;
     };
     /* item w's head (the tensor maps' outermost coordinate), first query row, and K/V tiles: all of
@@ -281,7 +294,14 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
         if (tid == NWARPS * WARP_SIZE) {
             tma_prefetch_map(&tmap_Q), tma_prefetch_map(&tmap_K), tma_prefetch_map(&tmap_V);
             int it0 = 0; /* K/V tiles copied for this block's earlier items: the ring runs on across items */
-            for (int nth = 0, w; (w = item(nth)) >= 0; nth++) {
+            for (int nth = 0, w = (int)blockIdx.x;; nth++, w = take_item()) {
+                if (w < 0) { /* no more: the consumers hear it as they hear of an item, once they are
+                              * done with the last one's Q_i (a phase of Q_full without bytes) */
+                    if (nth > 0) mbar_wait(Q_empty, (nth - 1) & 1);
+                    *item_slot = -1;
+                    mbar_arrive(Q_full);
+                    break;
+                }
                 const work W = work_of(w);
                 /* K_j, V_j, this item's tile j, the block's tile it = it0 + j, into stage it % STAGES,
                  * the (it / STAGES)-th time round the ring. From the second round on the stage must
@@ -311,7 +331,9 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
                 const int early = nth == 0 ? 0 : min(W.n_tiles, EARLY_Q ? STAGES - HELD : STAGES);
                 for (int j = 0; j < early; j++) load_kv(j);
                 if (nth > 0) mbar_wait(Q_empty, (nth - 1) & 1);
-                /* Q_i: HeadDim / 64 boxes of 64 columns x Br rows, one per column block */
+                /* Q_i: HeadDim / 64 boxes of 64 columns x Br rows, one per column block; the item's
+                 * number first, which the arrival (release) orders before the phase's end */
+                *item_slot = w;
                 mbar_arrive_expect_tx(Q_full, 2 * Br * HeadDim);
                 for (int cb = 0; cb < HeadDim / 64; cb++)
                     tma_load_3d(Q_i + cb * Br * 64, &tmap_Q, Q_full, cb * 64, W.q0, W.bh);
@@ -362,7 +384,12 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
     if (wg == NWARPGROUPS - 1) turn_end(); /* the first turn is warpgroup 0's */
 
     int it0 = 0; /* K/V tiles this block's consumers have had in earlier items (the ring's count) */
-    for (int nth = 0, w; (w = item(nth)) >= 0; nth++) {
+    for (int nth = 0;; nth++) {
+        mbar_wait(Q_full, nth & 1); /* the block's nth Q_i has landed (no fence, as for K_j, V_j), and
+                                     * its item's number with it (the wait acquires the producer's
+                                     * write); -1: no more items */
+        const int w = *item_slot;
+        if (w < 0) break;
         const work W = work_of(w);
         const int q0 = W.q0, n_tiles = W.n_tiles; /* first query row of this tile; its K/V tiles */
         T *O = O_all + (size_t)W.bh * N * HeadDim;
@@ -532,7 +559,6 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
          * complete in order), the softmax of S_{i,j+1} while the tensor cores do P_ij V_j; then
          * wait for P V, and only then O_i *= alpha and P_{i,j+1} packed (both overwrite registers
          * the running wgmma hold). */
-        mbar_wait(Q_full, nth & 1); /* Q_i has landed (the block's nth Q_i; no fence, as for K_j, V_j) */
         next_tile(0);
         turn_begin();
         scores(0);
@@ -751,6 +777,14 @@ int section_heads(const struct choices *c, const struct shape *sh, int l2_bytes)
     return (int)std::min(bh, c->section ? c->section : rule);
 }
 
+/* The workspace: the counter the blocks take their work items from (the kernel's take_item), zero
+ * when allocated (the harness zeroes a workspace once) and zero again after every call. */
+size_t workspace_bytes(const struct shape *sh)
+{
+    (void)sh;
+    return sizeof(unsigned);
+}
+
 /* The grid's blocks for `items` work items under the choices c, on a device of `sms` SMs. */
 long long grid_blocks(const struct choices *c, long long items, int sms)
 {
@@ -771,6 +805,10 @@ int launch(const struct attn_args *a, const struct choices *c, char *why, size_t
         snprintf(why, n, "batch * heads * Q tiles = %lld is more work items than the kernel counts (2^31 - 1)", items);
         return ATTN_UNSUPPORTED;
     }
+    if (!a->work) {
+        snprintf(why, n, "needs its workspace (workspace_bytes: the work items' counter) and none was given");
+        return ATTN_UNSUPPORTED;
+    }
     struct device_facts dev;
     if (int rc = device_facts_of(&dev, why, n)) return rc;
     const long long blocks = grid_blocks(c, items, dev.sms);
@@ -785,7 +823,8 @@ int launch(const struct attn_args *a, const struct choices *c, char *why, size_t
     const dim3 grid((unsigned)blocks);
     const dim3 block(Tiles::NTHREADS);
     stage13_pingpong_kernel<T, HeadDim, OVERLAP, COUNT><<<grid, block, smem>>>(
-        tmap_Q, tmap_K, tmap_V, (T *)a->O, a->L, sh->N, (int)bh, section, sh->causal, sh->scale * LOG2E, a->counters);
+        tmap_Q, tmap_K, tmap_V, (T *)a->O, a->L, sh->N, (int)bh, section, sh->causal, sh->scale * LOG2E,
+        (unsigned *)a->work, a->counters);
     CUDA_TRY(cudaGetLastError());
     return 0;
 }
@@ -871,7 +910,7 @@ extern "C" const struct stage stage13_desc = {
     .backward = NULL,
     .dims = {64, 128, 256},
     .dtypes = DT_F16 | DT_BF16,
-    .workspace_bytes = NULL,
+    .workspace_bytes = workspace_bytes,
     .openmp = 0,
     .hbm_traffic = hbm_bytes,
     .measures_backward = 0,
