@@ -157,12 +157,14 @@ struct tiles {
      * used with EARLY_Q, whose epilogue does not touch shared memory); then
      * TURN_BAR + wg, warpgroup wg's turn (3 and 4 with two warpgroups; 4, 5 and 6 with three) */
     static constexpr int TURN_BAR = 1 + NWARPGROUPS;
+    /* then ITEM_FULL + wg and ITEM_EMPTY + wg: the next work item's number for warpgroup wg (post_item) */
+    static constexpr int ITEM_FULL = TURN_BAR + NWARPGROUPS, ITEM_EMPTY = ITEM_FULL + NWARPGROUPS;
     static constexpr int ROWS_PER_WARP = 16 * M_TILES;
     static constexpr int Br = NWARPS * ROWS_PER_WARP;
     /* Q_i [Br][HeadDim], then the ring: STAGES buffers of K_j [Bc][HeadDim], STAGES of V_j, all
      * 16-bit, in the 128-byte swizzle (wgmma.cuh): each starts on a 1024-byte atom. Then the
      * mbarriers, 8 bytes each: full[STAGES], empty[STAGES], Q_full, Q_empty; then the number of
-     * the work item whose Q_i Q_full announces (-1: none, the block is done). */
+     * the block's next work item (-1: none, the block is done; post_item in the kernel). */
     static constexpr size_t Q_i = 0;
     static constexpr size_t K_j = Q_i + 2 * (size_t)Br * HeadDim;
     static constexpr size_t V_j = K_j + STAGES * 2 * (size_t)Bc * HeadDim;
@@ -184,7 +186,7 @@ struct tiles {
     static_assert(PRODUCER_REGS * WARPGROUP + CONSUMER_REGS * NWARPS * WARP_SIZE <= LAUNCH_REGS * NTHREADS,
                   "the consumers take no more registers than the producer gives back");
     static_assert(CONSUMER_REGS <= 256, "setmaxnreg: at most 256 registers per thread");
-    static_assert(TURN_BAR + NWARPGROUPS - 1 <= 15, "named barriers 1 .. 15: the epilogue's, then the turns'");
+    static_assert(ITEM_EMPTY + NWARPGROUPS - 1 <= 15, "named barriers 1 .. 15: the epilogue's, the turns', the items'");
 };
 
 /* ---- kernel ---- */
@@ -216,9 +218,7 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
     uint64_t *Q_empty = (uint64_t *)(smem + Tiles::Q_empty); /* every consumer warp has stored its O rows
                                                                * through Q_i (EARLY_Q: has had its last
                                                                * S = Q K^T): the next Q_i may come */
-    int *item_slot = (int *)(smem + Tiles::item_slot); /* the item of the Q_i in flight: the producer
-                                                        * writes it before its arrival on Q_full, the
-                                                        * consumers read it after their wait there */
+    int *item_slot = (int *)(smem + Tiles::item_slot); /* the block's next work item (post_item) */
 
     const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
     const int g = lane >> 2, t = lane & 3;      /* groupID, tid_in_group (see mma.cuh) */
@@ -260,9 +260,31 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
      * and atomicInc(p, items - 1) stores 0 on the last: zero for the next call (the harness zeroes
      * the workspace once). */
     const int Tr = CEIL_DIV(N, Br), items = Tr * BH;
-    auto take_item = [&] {
-        const long long w = (long long)gridDim.x + atomicInc(next_item, (unsigned)items - 1);
+    auto take_item = [&] { /* by the producer warp: its lane 0 asks, every lane gets the answer */
+        long long w = 0;
+        if (lane == 0) w = (long long)gridDim.x + atomicInc(next_item, (unsigned)items - 1);
+        w = __shfl_sync(FULL_MASK, w, 0);
         return w < items ? (int)w : -1;
+    };
+    /* The item's number goes from the producer warp to each consumer warpgroup through item_slot
+     * and two named barriers per warpgroup (the pattern of a producer and consumers with bar.arrive
+     * and bar.sync, each barrier counting the warpgroup and the producer warp): ITEM_FULL + wg, the
+     * number is in the slot (the producer arrives after its write, the warpgroup syncs before its
+     * read); ITEM_EMPTY + wg, the warpgroup has read it (it arrives after its read, the producer
+     * syncs before the next write). One slot serves every warpgroup: the producer writes the nth
+     * number once each has read the (nth - 1)-th, at the start of its item nth - 1 (so the wait is
+     * short: the producer is at most about an item ahead, held by Q_empty). -1: no more items,
+     * after which no warpgroup arrives on ITEM_EMPTY and every phase of both is complete. Not an
+     * mbarrier: each warpgroup waits for its own barrier only (the ping-pong keeps them apart),
+     * and a named barrier orders the slot's ordinary store and loads as the tools see it too. */
+    auto post_item = [&](int nth, int w) {
+        __syncwarp(); /* the warp together again after its lane 0's copies: bar.sync and bar.arrive take
+                       * whole warps */
+        if (nth > 0)
+            for (int c = 0; c < NWARPGROUPS; c++) named_barrier_sync(Tiles::ITEM_EMPTY + c, WARPGROUP + WARP_SIZE);
+        if (lane == 0) *item_slot = w;
+        __syncwarp();
+        for (int c = 0; c < NWARPGROUPS; c++) named_barrier_arrive(Tiles::ITEM_FULL + c, WARPGROUP + WARP_SIZE);
     };
     /* item w's head (the tensor maps' outermost coordinate), first query row, and K/V tiles: all of
      * them, or (causal) up to the one holding its last row */
@@ -289,19 +311,16 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
                       * the last barrier of the whole block (the producer's idle warps leave) */
 
     if (wg == NWARPGROUPS) {
-        /* ---- the producer: one thread issues every copy, the rest of the warpgroup leaves ---- */
+        /* ---- the producer: one warp; its lane 0 issues every copy and takes the items, the whole
+         * warp tells the consumers (named barriers count warps); the rest of the warpgroup leaves ---- */
         setmaxnreg_dec<PRODUCER_REGS>(); /* the whole warpgroup, together: its registers to the pool */
-        if (tid == NWARPS * WARP_SIZE) {
-            tma_prefetch_map(&tmap_Q), tma_prefetch_map(&tmap_K), tma_prefetch_map(&tmap_V);
+        if (warp == NWARPS) {
+            const bool issuer = lane == 0;
+            if (issuer) tma_prefetch_map(&tmap_Q), tma_prefetch_map(&tmap_K), tma_prefetch_map(&tmap_V);
             int it0 = 0; /* K/V tiles copied for this block's earlier items: the ring runs on across items */
-            for (int nth = 0, w = (int)blockIdx.x;; nth++, w = take_item()) {
-                if (w < 0) { /* no more: the consumers hear it as they hear of an item, once they are
-                              * done with the last one's Q_i (a phase of Q_full without bytes) */
-                    if (nth > 0) mbar_wait(Q_empty, (nth - 1) & 1);
-                    *item_slot = -1;
-                    mbar_arrive(Q_full);
-                    break;
-                }
+            for (int nth = 0, w = (int)blockIdx.x;; nth++) {
+                post_item(nth, w);
+                if (w < 0) break; /* no more: the consumers have heard it */
                 const work W = work_of(w);
                 /* K_j, V_j, this item's tile j, the block's tile it = it0 + j, into stage it % STAGES,
                  * the (it / STAGES)-th time round the ring. From the second round on the stage must
@@ -310,6 +329,7 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
                 auto load_kv = [&](int j) {
                     const int s = (it0 + j) % STAGES, round = (it0 + j) / STAGES;
                     if (round > 0) mbar_wait(&empty[s], (round - 1) & 1);
+                    if (!issuer) return;
                     mbar_arrive_expect_tx(&full[s], 2 * TILE_BYTES); /* K_j and V_j: the phase ends when both land */
                     for (int cb = 0; cb < HeadDim / 64; cb++) {
                         tma_load_3d(K_buf + s * Bc * HeadDim + cb * Bc * 64, &tmap_K, &full[s], cb * 64, j * Bc, W.bh);
@@ -331,14 +351,15 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
                 const int early = nth == 0 ? 0 : min(W.n_tiles, EARLY_Q ? STAGES - HELD : STAGES);
                 for (int j = 0; j < early; j++) load_kv(j);
                 if (nth > 0) mbar_wait(Q_empty, (nth - 1) & 1);
-                /* Q_i: HeadDim / 64 boxes of 64 columns x Br rows, one per column block; the item's
-                 * number first, which the arrival (release) orders before the phase's end */
-                *item_slot = w;
-                mbar_arrive_expect_tx(Q_full, 2 * Br * HeadDim);
-                for (int cb = 0; cb < HeadDim / 64; cb++)
-                    tma_load_3d(Q_i + cb * Br * 64, &tmap_Q, Q_full, cb * 64, W.q0, W.bh);
+                /* Q_i: HeadDim / 64 boxes of 64 columns x Br rows, one per column block */
+                if (issuer) {
+                    mbar_arrive_expect_tx(Q_full, 2 * Br * HeadDim);
+                    for (int cb = 0; cb < HeadDim / 64; cb++)
+                        tma_load_3d(Q_i + cb * Br * 64, &tmap_Q, Q_full, cb * 64, W.q0, W.bh);
+                }
                 for (int j = early; j < W.n_tiles; j++) load_kv(j);
                 it0 += W.n_tiles;
+                w = take_item();
             }
         }
         return; /* the copies in flight finish on their own; the consumers wait for them */
@@ -385,11 +406,10 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
 
     int it0 = 0; /* K/V tiles this block's consumers have had in earlier items (the ring's count) */
     for (int nth = 0;; nth++) {
-        mbar_wait(Q_full, nth & 1); /* the block's nth Q_i has landed (no fence, as for K_j, V_j), and
-                                     * its item's number with it (the wait acquires the producer's
-                                     * write); -1: no more items */
+        named_barrier_sync(Tiles::ITEM_FULL + wg, WARPGROUP + WARP_SIZE); /* the nth item's number (post_item) */
         const int w = *item_slot;
-        if (w < 0) break;
+        if (w < 0) break; /* no more items */
+        named_barrier_arrive(Tiles::ITEM_EMPTY + wg, WARPGROUP + WARP_SIZE);
         const work W = work_of(w);
         const int q0 = W.q0, n_tiles = W.n_tiles; /* first query row of this tile; its K/V tiles */
         T *O = O_all + (size_t)W.bh * N * HeadDim;
@@ -559,6 +579,7 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
          * complete in order), the softmax of S_{i,j+1} while the tensor cores do P_ij V_j; then
          * wait for P V, and only then O_i *= alpha and P_{i,j+1} packed (both overwrite registers
          * the running wgmma hold). */
+        mbar_wait(Q_full, nth & 1); /* Q_i has landed (the block's nth Q_i; no fence, as for K_j, V_j) */
         next_tile(0);
         turn_begin();
         scores(0);
