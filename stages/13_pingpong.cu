@@ -39,7 +39,9 @@
  * Hopper only: compiled for sm_90a (the Makefile's HOPPER_STAGES); elsewhere it exits 3.
  * Measured on an H200 (notes/13_pingpong.md): the turned schedule 1.00x stage 12 over the benchmark
  *   grid (0.94-0.99x at d = 64, up to 1.08x at d = 128); the overlap +4 to +6% over it at d = 128
- *   (N = 4096, 16384), within 1% at d = 64.
+ *   (N = 4096, 16384), within 1% at d = 64; the L2 sections 1.23x at d = 128, N = 1024; the work
+ *   items from a counter 1.68x at d = 256, N = 16384 causal. The benchmark run of 143b594: 0.99x
+ *   cuDNN, 1.68x FlashAttention-2 over the grid (geometric means).
  * Run: ./stage13 --batch 1 --heads 16 --seqlen 16384 --dim 128 --causal
  *      STAGE13_PERSISTENT=0 ./stage13 --batch 1 --heads 16 --seqlen 16384 --dim 128 --causal
  *      STAGE13_OVERLAP=0 ./stage13 --batch 1 --heads 16 --seqlen 16384 --dim 128 --causal
