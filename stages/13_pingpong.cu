@@ -159,14 +159,15 @@ struct tiles {
      * used with EARLY_Q, whose epilogue does not touch shared memory); then
      * TURN_BAR + wg, warpgroup wg's turn (3 and 4 with two warpgroups; 4, 5 and 6 with three) */
     static constexpr int TURN_BAR = 1 + NWARPGROUPS;
-    /* then ITEM_FULL + wg and ITEM_EMPTY + wg: the next work item's number for warpgroup wg (post_item) */
-    static constexpr int ITEM_FULL = TURN_BAR + NWARPGROUPS, ITEM_EMPTY = ITEM_FULL + NWARPGROUPS;
+    /* then ITEM_BAR + wg: the next work item's number for warpgroup wg (post_item) */
+    static constexpr int ITEM_BAR = TURN_BAR + NWARPGROUPS;
     static constexpr int ROWS_PER_WARP = 16 * M_TILES;
     static constexpr int Br = NWARPS * ROWS_PER_WARP;
     /* Q_i [Br][HeadDim], then the ring: STAGES buffers of K_j [Bc][HeadDim], STAGES of V_j, all
      * 16-bit, in the 128-byte swizzle (wgmma.cuh): each starts on a 1024-byte atom. Then the
-     * mbarriers, 8 bytes each: full[STAGES], empty[STAGES], Q_full, Q_empty; then the number of
-     * the block's next work item (-1: none, the block is done; post_item in the kernel). */
+     * mbarriers, 8 bytes each: full[STAGES], empty[STAGES], Q_full, Q_empty; then two slots for
+     * the number of the block's next work item (-1: none, the block is done; post_item in the
+     * kernel). */
     static constexpr size_t Q_i = 0;
     static constexpr size_t K_j = Q_i + 2 * (size_t)Br * HeadDim;
     static constexpr size_t V_j = K_j + STAGES * 2 * (size_t)Bc * HeadDim;
@@ -175,7 +176,7 @@ struct tiles {
     static constexpr size_t Q_full = empty + STAGES * sizeof(uint64_t);
     static constexpr size_t Q_empty = Q_full + sizeof(uint64_t);
     static constexpr size_t item_slot = Q_empty + sizeof(uint64_t);
-    static constexpr size_t bytes = item_slot + sizeof(int);
+    static constexpr size_t bytes = item_slot + 2 * sizeof(int);
     static_assert(Br == NWARPGROUPS * 64, "a warpgroup's rows are one wgmma's M, 64");
     static_assert(HeadDim % 64 == 0, "the 128-byte swizzle takes rows of whole 64-element blocks");
     static_assert(Bc % 16 == 0 && Bc >= 64, "Bc: one wgmma's N, and whole k16 steps of P_ij V_j");
@@ -188,7 +189,7 @@ struct tiles {
     static_assert(PRODUCER_REGS * WARPGROUP + CONSUMER_REGS * NWARPS * WARP_SIZE <= LAUNCH_REGS * NTHREADS,
                   "the consumers take no more registers than the producer gives back");
     static_assert(CONSUMER_REGS <= 256, "setmaxnreg: at most 256 registers per thread");
-    static_assert(ITEM_EMPTY + NWARPGROUPS - 1 <= 15, "named barriers 1 .. 15: the epilogue's, the turns', the items'");
+    static_assert(ITEM_BAR + NWARPGROUPS - 1 <= 15, "named barriers 1 .. 15: the epilogue's, the turns', the items'");
 };
 
 /* ---- kernel ---- */
@@ -220,7 +221,7 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
     uint64_t *Q_empty = (uint64_t *)(smem + Tiles::Q_empty); /* every consumer warp has stored its O rows
                                                                * through Q_i (EARLY_Q: has had its last
                                                                * S = Q K^T): the next Q_i may come */
-    int *item_slot = (int *)(smem + Tiles::item_slot); /* the block's next work item (post_item) */
+    int *item_slot = (int *)(smem + Tiles::item_slot); /* [2]: the block's next work item (post_item) */
 
     const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
     const int g = lane >> 2, t = lane & 3;      /* groupID, tid_in_group (see mma.cuh) */
@@ -268,25 +269,22 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
         w = __shfl_sync(FULL_MASK, w, 0);
         return w < items ? (int)w : -1;
     };
-    /* The item's number goes from the producer warp to each consumer warpgroup through item_slot
-     * and two named barriers per warpgroup (the pattern of a producer and consumers with bar.arrive
-     * and bar.sync, each barrier counting the warpgroup and the producer warp): ITEM_FULL + wg, the
-     * number is in the slot (the producer arrives after its write, the warpgroup syncs before its
-     * read); ITEM_EMPTY + wg, the warpgroup has read it (it arrives after its read, the producer
-     * syncs before the next write). One slot serves every warpgroup: the producer writes the nth
-     * number once each has read the (nth - 1)-th, at the start of its item nth - 1 (so the wait is
-     * short: the producer is at most about an item ahead, held by Q_empty). -1: no more items,
-     * after which no warpgroup arrives on ITEM_EMPTY and every phase of both is complete. Not an
-     * mbarrier: each warpgroup waits for its own barrier only (the ping-pong keeps them apart),
-     * and a named barrier orders the slot's ordinary store and loads as the tools see it too. */
+    /* The block's first item, blockIdx.x, every warp knows. Each later one's number goes from the
+     * producer warp to each consumer warpgroup through item_slot at a meeting: named barrier
+     * ITEM_BAR + wg, which the warpgroup and the producer warp both reach with bar.sync (the
+     * warpgroup at the start of the item, the producer once it has issued the item's Q_i). The
+     * producer writes the number before its bar.sync, the warpgroup reads it after its own. Two
+     * slots, the nth number in slot nth mod 2: the producer writes slot nth mod 2 again for item
+     * nth + 2 only after the meeting for item nth + 1, which each warpgroup reaches after its read
+     * of item nth's number. A bar.arrive on the producer's side would not hold the producer, but
+     * the race checker sees no order in an arrival (nor in an mbarrier's, for an ordinary store and
+     * load; note 13) and the meeting costs the producer next to nothing: where it comes, after Q_i,
+     * the producer's next copies are the tiles the item itself frees, so it would wait for these
+     * consumers there anyway. -1: no more items, the last meeting. */
     auto post_item = [&](int nth, int w) {
-        __syncwarp(); /* the warp together again after its lane 0's copies: bar.sync and bar.arrive take
-                       * whole warps */
-        if (nth > 0)
-            for (int c = 0; c < NWARPGROUPS; c++) named_barrier_sync(Tiles::ITEM_EMPTY + c, WARPGROUP + WARP_SIZE);
-        if (lane == 0) *item_slot = w;
-        __syncwarp();
-        for (int c = 0; c < NWARPGROUPS; c++) named_barrier_arrive(Tiles::ITEM_FULL + c, WARPGROUP + WARP_SIZE);
+        if (lane == 0) item_slot[nth & 1] = w;
+        __syncwarp(); /* the warp together, after its lane 0's copies and store: bar.sync takes whole warps */
+        for (int c = 0; c < NWARPGROUPS; c++) named_barrier_sync(Tiles::ITEM_BAR + c, WARPGROUP + WARP_SIZE);
     };
     /* item w's head (the tensor maps' outermost coordinate), first query row, and K/V tiles: all of
      * them, or (causal) up to the one holding its last row */
@@ -321,8 +319,10 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
             if (issuer) tma_prefetch_map(&tmap_Q), tma_prefetch_map(&tmap_K), tma_prefetch_map(&tmap_V);
             int it0 = 0; /* K/V tiles copied for this block's earlier items: the ring runs on across items */
             for (int nth = 0, w = (int)blockIdx.x;; nth++) {
-                post_item(nth, w);
-                if (w < 0) break; /* no more: the consumers have heard it */
+                if (w < 0) {
+                    post_item(nth, w); /* no more */
+                    break;
+                }
                 const work W = work_of(w);
                 /* K_j, V_j, this item's tile j, the block's tile it = it0 + j, into stage it % STAGES,
                  * the (it / STAGES)-th time round the ring. From the second round on the stage must
@@ -359,6 +359,7 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
                     for (int cb = 0; cb < HeadDim / 64; cb++)
                         tma_load_3d(Q_i + cb * Br * 64, &tmap_Q, Q_full, cb * 64, W.q0, W.bh);
                 }
+                if (nth > 0) post_item(nth, w);
                 for (int j = early; j < W.n_tiles; j++) load_kv(j);
                 it0 += W.n_tiles;
                 w = take_item();
@@ -408,10 +409,12 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
 
     int it0 = 0; /* K/V tiles this block's consumers have had in earlier items (the ring's count) */
     for (int nth = 0;; nth++) {
-        named_barrier_sync(Tiles::ITEM_FULL + wg, WARPGROUP + WARP_SIZE); /* the nth item's number (post_item) */
-        const int w = *item_slot;
+        int w = (int)blockIdx.x;
+        if (nth > 0) {
+            named_barrier_sync(Tiles::ITEM_BAR + wg, WARPGROUP + WARP_SIZE); /* the nth item's number (post_item) */
+            w = item_slot[nth & 1];
+        }
         if (w < 0) break; /* no more items */
-        named_barrier_arrive(Tiles::ITEM_EMPTY + wg, WARPGROUP + WARP_SIZE);
         const work W = work_of(w);
         const int q0 = W.q0, n_tiles = W.n_tiles; /* first query row of this tile; its K/V tiles */
         T *O = O_all + (size_t)W.bh * N * HeadDim;
