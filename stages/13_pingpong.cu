@@ -278,9 +278,10 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
      * nth + 2 only after the meeting for item nth + 1, which each warpgroup reaches after its read
      * of item nth's number. A bar.arrive on the producer's side would not hold the producer, but
      * the race checker sees no order in an arrival (nor in an mbarrier's, for an ordinary store and
-     * load; note 13) and the meeting costs the producer next to nothing: where it comes, after Q_i,
-     * the producer's next copies are the tiles the item itself frees, so it would wait for these
-     * consumers there anyway. -1: no more items, the last meeting. */
+     * load; note 13) and the meeting should cost the producer little: where it comes, after Q_i,
+     * its next copies wait for stages the consumers free, this item's tiles (EARLY_Q: the previous
+     * item's last ones, freed just before each warpgroup's start), so it would wait about that long
+     * anyway. Not yet measured (note 13). -1: no more items, the last meeting. */
     auto post_item = [&](int nth, int w) {
         if (lane == 0) item_slot[nth & 1] = w;
         __syncwarp(); /* the warp together, after its lane 0's copies and store: bar.sync takes whole warps */
