@@ -159,15 +159,13 @@ struct tiles {
      * used with EARLY_Q, whose epilogue does not touch shared memory); then
      * TURN_BAR + wg, warpgroup wg's turn (3 and 4 with two warpgroups; 4, 5 and 6 with three) */
     static constexpr int TURN_BAR = 1 + NWARPGROUPS;
-    /* then ITEM_BAR + wg: the next work item's number for warpgroup wg (post_item) */
-    static constexpr int ITEM_BAR = TURN_BAR + NWARPGROUPS;
     static constexpr int ROWS_PER_WARP = 16 * M_TILES;
     static constexpr int Br = NWARPS * ROWS_PER_WARP;
     /* Q_i [Br][HeadDim], then the ring: STAGES buffers of K_j [Bc][HeadDim], STAGES of V_j, all
      * 16-bit, in the 128-byte swizzle (wgmma.cuh): each starts on a 1024-byte atom. Then the
-     * mbarriers, 8 bytes each: full[STAGES], empty[STAGES], Q_full, Q_empty; then two slots for
-     * the number of the block's next work item (-1: none, the block is done; post_item in the
-     * kernel). */
+     * mbarriers, 8 bytes each: full[STAGES], empty[STAGES], Q_full, Q_empty; then a slot for the
+     * number of the block's next work item, which lands with its Q_i (-1: none, the block is done;
+     * the item hand-over in the kernel). */
     static constexpr size_t Q_i = 0;
     static constexpr size_t K_j = Q_i + 2 * (size_t)Br * HeadDim;
     static constexpr size_t V_j = K_j + STAGES * 2 * (size_t)Bc * HeadDim;
@@ -176,7 +174,7 @@ struct tiles {
     static constexpr size_t Q_full = empty + STAGES * sizeof(uint64_t);
     static constexpr size_t Q_empty = Q_full + sizeof(uint64_t);
     static constexpr size_t item_slot = Q_empty + sizeof(uint64_t);
-    static constexpr size_t bytes = item_slot + 2 * sizeof(int);
+    static constexpr size_t bytes = item_slot + sizeof(int);
     static_assert(Br == NWARPGROUPS * 64, "a warpgroup's rows are one wgmma's M, 64");
     static_assert(HeadDim % 64 == 0, "the 128-byte swizzle takes rows of whole 64-element blocks");
     static_assert(Bc % 16 == 0 && Bc >= 64, "Bc: one wgmma's N, and whole k16 steps of P_ij V_j");
@@ -189,7 +187,7 @@ struct tiles {
     static_assert(PRODUCER_REGS * WARPGROUP + CONSUMER_REGS * NWARPS * WARP_SIZE <= LAUNCH_REGS * NTHREADS,
                   "the consumers take no more registers than the producer gives back");
     static_assert(CONSUMER_REGS <= 256, "setmaxnreg: at most 256 registers per thread");
-    static_assert(ITEM_BAR + NWARPGROUPS - 1 <= 15, "named barriers 1 .. 15: the epilogue's, the turns', the items'");
+    static_assert(TURN_BAR + NWARPGROUPS - 1 <= 15, "named barriers 1 .. 15: the epilogue's, the turns'");
 };
 
 /* ---- kernel ---- */
@@ -217,11 +215,11 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
     T *V_buf = (T *)(smem + Tiles::V_j); /* [STAGES][Bc][HeadDim] */
     uint64_t *full = (uint64_t *)(smem + Tiles::full);   /* [STAGES]: stage s's K_j, V_j have landed */
     uint64_t *empty = (uint64_t *)(smem + Tiles::empty); /* [STAGES]: every consumer warp is done with it */
-    uint64_t *Q_full = (uint64_t *)(smem + Tiles::Q_full); /* Q_i has landed */
+    uint64_t *Q_full = (uint64_t *)(smem + Tiles::Q_full); /* Q_i and its item's number have landed */
     uint64_t *Q_empty = (uint64_t *)(smem + Tiles::Q_empty); /* every consumer warp has stored its O rows
                                                                * through Q_i (EARLY_Q: has had its last
                                                                * S = Q K^T): the next Q_i may come */
-    int *item_slot = (int *)(smem + Tiles::item_slot); /* [2]: the block's next work item (post_item) */
+    int *item_slot = (int *)(smem + Tiles::item_slot); /* the block's next work item, with its Q_i */
 
     const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
     const int g = lane >> 2, t = lane & 3;      /* groupID, tid_in_group (see mma.cuh) */
@@ -269,24 +267,17 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
         w = __shfl_sync(FULL_MASK, w, 0);
         return w < items ? (int)w : -1;
     };
-    /* The block's first item, blockIdx.x, every warp knows. Each later one's number goes from the
-     * producer warp to each consumer warpgroup through item_slot at a meeting: named barrier
-     * ITEM_BAR + wg, which the warpgroup and the producer warp both reach with bar.sync (the
-     * warpgroup at the start of the item, the producer once it has issued the item's Q_i). The
-     * producer writes the number before its bar.sync, the warpgroup reads it after its own. Two
-     * slots, the nth number in slot nth mod 2: the producer writes slot nth mod 2 again for item
-     * nth + 2 only after the meeting for item nth + 1, which each warpgroup reaches after its read
-     * of item nth's number. A bar.arrive on the producer's side would not hold the producer, but
-     * the race checker sees no order in an arrival (nor in an mbarrier's, for an ordinary store and
-     * load; note 13) and the meeting should cost the producer little: where it comes, after Q_i,
-     * its next copies wait for stages the consumers free, this item's tiles (EARLY_Q: the previous
-     * item's last ones, freed just before each warpgroup's start), so it would wait about that long
-     * anyway. Not yet measured (note 13). -1: no more items, the last meeting. */
-    auto post_item = [&](int nth, int w) {
-        if (lane == 0) item_slot[nth & 1] = w;
-        __syncwarp(); /* the warp together, after its lane 0's copies and store: bar.sync takes whole warps */
-        for (int c = 0; c < NWARPGROUPS; c++) named_barrier_sync(Tiles::ITEM_BAR + c, WARPGROUP + WARP_SIZE);
-    };
+    /* The hand-over. Only the producer learns the item numbers; the consumers learn each with its
+     * Q_i. The issuing lane stores the number into item_slot with st.async, a store through the
+     * copy engine's (async) proxy that counts its 4 bytes against Q_full like Q_i's boxes, so the
+     * phase of Q_full that says Q_i has landed says the number has too, and the consumers' wait
+     * for Q_i is their wait for the number. The slot is free again when Q_i's buffer is: the
+     * producer writes it after the phase of Q_empty that every consumer warp arrives on after its
+     * read (fenced: an ordinary load, then the async proxy's store). After the last item the number
+     * is -1, alone in a phase of Q_full (4 bytes, no copy). Nothing holds the producer: it goes on
+     * to the item's later tiles at once. (0f03245 made this a named-barrier meeting of producer and
+     * consumers, which held the producer's copies back until every warpgroup had reached the item:
+     * 4 to 8% at d = 64; note 13.) */
     /* item w's head (the tensor maps' outermost coordinate), first query row, and K/V tiles: all of
      * them, or (causal) up to the one holding its last row */
     const int Tc = CEIL_DIV(N, Bc);
@@ -312,16 +303,17 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
                       * the last barrier of the whole block (the producer's idle warps leave) */
 
     if (wg == NWARPGROUPS) {
-        /* ---- the producer: one warp; its lane 0 issues every copy and takes the items, the whole
-         * warp tells the consumers (named barriers count warps); the rest of the warpgroup leaves ---- */
+        /* ---- the producer: one warp; its lane 0 issues every copy, takes the items and hands them
+         * over with Q_i; the rest of the warpgroup leaves ---- */
         setmaxnreg_dec<PRODUCER_REGS>(); /* the whole warpgroup, together: its registers to the pool */
         if (warp == NWARPS) {
             const bool issuer = lane == 0;
             if (issuer) tma_prefetch_map(&tmap_Q), tma_prefetch_map(&tmap_K), tma_prefetch_map(&tmap_V);
             int it0 = 0; /* K/V tiles copied for this block's earlier items: the ring runs on across items */
             for (int nth = 0, w = (int)blockIdx.x;; nth++) {
-                if (w < 0) {
-                    post_item(nth, w); /* no more */
+                if (w < 0) { /* no more: -1 where the next Q_i would have come (nth > 0: blockIdx.x < items) */
+                    mbar_wait(Q_empty, (nth - 1) & 1);
+                    if (issuer) mbar_arrive_expect_tx(Q_full, sizeof(int)), st_async_s32(item_slot, -1, Q_full);
                     break;
                 }
                 const work W = work_of(w);
@@ -354,13 +346,14 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
                 const int early = nth == 0 ? 0 : min(W.n_tiles, EARLY_Q ? STAGES - HELD : STAGES);
                 for (int j = 0; j < early; j++) load_kv(j);
                 if (nth > 0) mbar_wait(Q_empty, (nth - 1) & 1);
-                /* Q_i: HeadDim / 64 boxes of 64 columns x Br rows, one per column block */
+                /* Q_i: HeadDim / 64 boxes of 64 columns x Br rows, one per column block; then the
+                 * item's number, into the same phase of Q_full */
                 if (issuer) {
-                    mbar_arrive_expect_tx(Q_full, 2 * Br * HeadDim);
+                    mbar_arrive_expect_tx(Q_full, 2 * Br * HeadDim + sizeof(int));
                     for (int cb = 0; cb < HeadDim / 64; cb++)
                         tma_load_3d(Q_i + cb * Br * 64, &tmap_Q, Q_full, cb * 64, W.q0, W.bh);
+                    st_async_s32(item_slot, w, Q_full);
                 }
-                if (nth > 0) post_item(nth, w);
                 for (int j = early; j < W.n_tiles; j++) load_kv(j);
                 it0 += W.n_tiles;
                 w = take_item();
@@ -410,11 +403,11 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
 
     int it0 = 0; /* K/V tiles this block's consumers have had in earlier items (the ring's count) */
     for (int nth = 0;; nth++) {
-        int w = (int)blockIdx.x;
-        if (nth > 0) {
-            named_barrier_sync(Tiles::ITEM_BAR + wg, WARPGROUP + WARP_SIZE); /* the nth item's number (post_item) */
-            w = item_slot[nth & 1];
-        }
+        /* the block's nth Q_i has landed, and with it the item's number (the hand-over above); Q_i
+         * was the copy engine's write, read by wgmma: no fence */
+        mbar_wait(Q_full, nth & 1);
+        const int w = *item_slot;
+        fence_proxy_async_smem(); /* this ordinary load before the producer's next st.async to the slot */
         if (w < 0) break; /* no more items */
         const work W = work_of(w);
         const int q0 = W.q0, n_tiles = W.n_tiles; /* first query row of this tile; its K/V tiles */
@@ -585,7 +578,6 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
          * complete in order), the softmax of S_{i,j+1} while the tensor cores do P_ij V_j; then
          * wait for P V, and only then O_i *= alpha and P_{i,j+1} packed (both overwrite registers
          * the running wgmma hold). */
-        mbar_wait(Q_full, nth & 1); /* Q_i has landed (the block's nth Q_i; no fence, as for K_j, V_j) */
         next_tile(0);
         turn_begin();
         scores(0);
