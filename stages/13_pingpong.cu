@@ -268,16 +268,19 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
         return w < items ? (int)w : -1;
     };
     /* The hand-over. Only the producer learns the item numbers; the consumers learn each with its
-     * Q_i. The issuing lane stores the number into item_slot with st.async, a store through the
-     * copy engine's (async) proxy that counts its 4 bytes against Q_full like Q_i's boxes, so the
-     * phase of Q_full that says Q_i has landed says the number has too, and the consumers' wait
-     * for Q_i is their wait for the number. The slot is free again when Q_i's buffer is: the
-     * producer writes it after the phase of Q_empty that every consumer warp arrives on after its
-     * read (fenced: an ordinary load, then the async proxy's store). After the last item the number
-     * is -1, alone in a phase of Q_full (4 bytes, no copy). Nothing holds the producer: it goes on
-     * to the item's later tiles at once. (0f03245 made this a named-barrier meeting of producer and
-     * consumers, which held the producer's copies back until every warpgroup had reached the item:
-     * 4 to 8% at d = 64; note 13.) */
+     * Q_i. The issuing lane writes the number into item_slot, then makes the arrival on Q_full
+     * that announces Q_i's bytes: an arrival releases the thread's earlier writes, and the wait
+     * that sees the phase complete acquires them, so the consumers' wait for Q_i is their wait for
+     * the number, and nothing holds the producer (it goes on to the item's later tiles at once).
+     * The slot is free again when Q_i's buffer is: the producer writes it after the phase of
+     * Q_empty, on which the lane that read it arrives after its read. After the last item the
+     * number is -1, alone in a phase of Q_full (an arrival, no bytes). Both sides use atomics
+     * for the slot, one per item and warp: the mbarrier orders them, but the race checker does
+     * not follow an mbarrier's order between ordinary stores and loads (note 13) and ignores
+     * atomics. (0f03245 made this a named-barrier meeting of producer and consumers, which held
+     * the producer's copies back until every warpgroup had reached the item: 4 to 8% at d = 64,
+     * and synccheck rejected it; then an st.async into the slot, which Hopper allows only
+     * between the blocks of a cluster; note 13.) */
     /* item w's head (the tensor maps' outermost coordinate), first query row, and K/V tiles: all of
      * them, or (causal) up to the one holding its last row */
     const int Tc = CEIL_DIV(N, Bc);
@@ -313,7 +316,7 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
             for (int nth = 0, w = (int)blockIdx.x;; nth++) {
                 if (w < 0) { /* no more: -1 where the next Q_i would have come (nth > 0: blockIdx.x < items) */
                     mbar_wait(Q_empty, (nth - 1) & 1);
-                    if (issuer) mbar_arrive_expect_tx(Q_full, sizeof(int)), st_async_s32(item_slot, -1, Q_full);
+                    if (issuer) atomicExch(item_slot, -1), mbar_arrive(Q_full);
                     break;
                 }
                 const work W = work_of(w);
@@ -346,13 +349,13 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
                 const int early = nth == 0 ? 0 : min(W.n_tiles, EARLY_Q ? STAGES - HELD : STAGES);
                 for (int j = 0; j < early; j++) load_kv(j);
                 if (nth > 0) mbar_wait(Q_empty, (nth - 1) & 1);
-                /* Q_i: HeadDim / 64 boxes of 64 columns x Br rows, one per column block; then the
-                 * item's number, into the same phase of Q_full */
+                /* the item's number, then Q_i: HeadDim / 64 boxes of 64 columns x Br rows, one per
+                 * column block */
                 if (issuer) {
-                    mbar_arrive_expect_tx(Q_full, 2 * Br * HeadDim + sizeof(int));
+                    atomicExch(item_slot, w); /* before the arrival that releases it */
+                    mbar_arrive_expect_tx(Q_full, 2 * Br * HeadDim);
                     for (int cb = 0; cb < HeadDim / 64; cb++)
                         tma_load_3d(Q_i + cb * Br * 64, &tmap_Q, Q_full, cb * 64, W.q0, W.bh);
-                    st_async_s32(item_slot, w, Q_full);
                 }
                 for (int j = early; j < W.n_tiles; j++) load_kv(j);
                 it0 += W.n_tiles;
@@ -406,8 +409,9 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
         /* the block's nth Q_i has landed, and with it the item's number (the hand-over above); Q_i
          * was the copy engine's write, read by wgmma: no fence */
         mbar_wait(Q_full, nth & 1);
-        const int w = *item_slot;
-        fence_proxy_async_smem(); /* this ordinary load before the producer's next st.async to the slot */
+        int w = 0;
+        if (lane == 0) w = atomicAdd(item_slot, 0); /* one read a warp (the hand-over above) */
+        w = __shfl_sync(FULL_MASK, w, 0);
         if (w < 0) break; /* no more items */
         const work W = work_of(w);
         const int q0 = W.q0, n_tiles = W.n_tiles; /* first query row of this tile; its K/V tiles */

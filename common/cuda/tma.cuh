@@ -141,19 +141,6 @@ static __device__ __forceinline__ void tma_load_3d(void *dst, const CUtensorMap 
                  : "memory");
 }
 
-/* One thread: stores `value` at dst in shared memory through the async proxy, as a TMA copy's
- * bytes are, and counts its 4 bytes against bar's current phase when it lands (the caller has
- * announced them with mbar_arrive_expect_tx). A word that travels with a copy: a thread that waits
- * for the phase sees both, with no other barrier between writer and reader. A thread that read dst
- * before with an ordinary load must fence (fence_proxy_async_smem) before the phase that lets the
- * next store overwrite it. */
-static __device__ __forceinline__ void st_async_s32(int *dst, int value, uint64_t *bar)
-{
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.s32 [%0], %1, [%2];\n"
-                 ::"r"(smem_u32(dst)), "r"(value), "r"(smem_u32(bar))
-                 : "memory");
-}
-
 /* ---- the mbarrier (device) ---- */
 
 /* One thread, before any use: the barrier expects `count` arrivals per phase. */
