@@ -2,7 +2,8 @@
 # bench.sh: every GPU stage over the FlashAttention-2 paper's grid, plus PyTorch's
 # scaled_dot_product_attention (flash and cuDNN backends) when python3 with torch is present,
 # in one run, appended to bench/data/<gpu>.csv (a run stopped early, by a time limit or ^C, keeps
-# the rows it finished). Run through `make bench` on a machine with a GPU.
+# the rows it finished), and the ceiling, torch.matmul at 8192^3 (bench/torch_matmul.py), appended
+# to bench/data/<gpu>_matmul.csv. Run through `make bench` on a machine with a GPU.
 # A stage that measures a backward (stage 10) prints bwd rows: its own binary says so.
 #
 # The grid: 16k tokens per batch (B = 16384 / N), hidden size 2048 (H = 2048 / d),
@@ -94,6 +95,8 @@ if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
   torch_pid=$!
   wait "$torch_pid" || failed=1
   torch_pid=
+  # the ceiling in the same run: torch.matmul at 8192^3, into bench/data/<gpu>_matmul.csv
+  python3 -u bench/torch_matmul.py --dtypes $DTYPES --warmup "$WARMUP" --iters "$ITERS" || failed=1
 else
   echo "bench: python3 with CUDA-enabled torch not found: no torch-flash / torch-cudnn rows this run" >&2
 fi

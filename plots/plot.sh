@@ -95,7 +95,7 @@ stages_phrase() { [ $# -gt 0 ] || return 0; printf 'stage%s %s' "$([ $# -gt 1 ] 
 
 gpu_csvs=()
 for f in "$data"/*.csv; do
-  case $(basename "$f") in cpu.csv | *_hbm.csv | *_decode.csv) ;; *) gpu_csvs+=("$f") ;; esac
+  case $(basename "$f") in cpu.csv | *_hbm.csv | *_decode.csv | *_matmul.csv) ;; *) gpu_csvs+=("$f") ;; esac
 done
 
 for csv in "${gpu_csvs[@]}"; do

@@ -43,7 +43,7 @@ done
 csv_stage_lists   # CPU_BINS, GPU_BINS: the stages the Makefile lists
 if [ -z "$gpu" ]; then # the GPU with the most rows
   gpu=$(for f in "$data"/*.csv; do
-          case $(basename "$f") in cpu.csv | *_hbm.csv | *_decode.csv) continue ;; esac
+          case $(basename "$f") in cpu.csv | *_hbm.csv | *_decode.csv | *_matmul.csv) continue ;; esac
           echo "$(wc -l < "$f") $(basename "$f" .csv)"
         done | sort -rn | awk 'NR == 1 { print $2 }')
 fi
