@@ -78,20 +78,26 @@ namespace {
  *            j+1's work to land in (turned, only its softmax; measured 0.94-0.96x of this).
  * The mbarriers add 16 bytes per stage and 8 for Q_i.
  * The alternatives (Bc = 64 at d = 64, turned at d = 128 and 256) lost and were removed: note 12
- * has the measurements; commit 2bbf406 builds them with nvcc -D. */
-constexpr int NWARPGROUPS = 2;  /* consumer warpgroups */
-constexpr int NWARPS = 4 * NWARPGROUPS;  /* consumer warps */
+ * has the measurements; commit 2bbf406 builds them with nvcc -D.
+ *
+ * STAGE12_D64_WG3=1 (nvcc -D, a build to time against this one; not yet measured): three consumer
+ * warpgroups at d = 64, as FlashAttention-3 and stage 13 run it: Br = 192, 512 threads, 128
+ * registers each at launch, the consumers 160 after setmaxnreg (O 32 + S 64 + P 32 fit), Q_i 24
+ * KiB + the same ring, 152 KiB. Each K/V tile copied then serves 192 query rows instead of 128. */
+#ifndef STAGE12_D64_WG3
+#define STAGE12_D64_WG3 0
+#endif
 constexpr int WARPGROUP = 4 * WARP_SIZE; /* threads that issue one wgmma together */
-constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240; /* setmaxnreg, per thread (above) */
+constexpr int PRODUCER_REGS = 24; /* setmaxnreg, per thread (above); the consumers' share: tiles */
 constexpr size_t SMEM_MAX = 227 * 1024; /* the shared memory a block may have on an H100 or H200 */
 template <int HeadDim>
 struct cfg;
 template <>
-struct cfg<64> { static constexpr int Bc = 128, STAGES = 4, TURNED = 1; }; /* O 32 + S 64 + P 32 */
+struct cfg<64> { static constexpr int Bc = 128, STAGES = 4, TURNED = 1, NWARPGROUPS = STAGE12_D64_WG3 ? 3 : 2; }; /* O 32 + S 64 + P 32 */
 template <>
-struct cfg<128> { static constexpr int Bc = 128, STAGES = 3, TURNED = 0; };  /* O 64 + S 64 + P 32 */
+struct cfg<128> { static constexpr int Bc = 128, STAGES = 3, TURNED = 0, NWARPGROUPS = 2; };  /* O 64 + S 64 + P 32 */
 template <>
-struct cfg<256> { static constexpr int Bc = 64, STAGES = 2, TURNED = 0; }; /* O 128 + S 32 + P 16 */
+struct cfg<256> { static constexpr int Bc = 64, STAGES = 2, TURNED = 0, NWARPGROUPS = 2; }; /* O 128 + S 32 + P 16 */
 
 /* Everything derived from the configuration: tile sizes and the shared-memory layout. */
 template <int HeadDim>
@@ -99,9 +105,15 @@ struct tiles {
     typedef cfg<HeadDim> C;
     static constexpr int Bc = C::Bc, STAGES = C::STAGES;
     static constexpr bool TURNED = C::TURNED != 0;
+    static constexpr int NWARPGROUPS = C::NWARPGROUPS; /* consumer warpgroups */
+    static constexpr int NWARPS = 4 * NWARPGROUPS;     /* consumer warps */
     /* the wgmma accumulators give each warp 16 rows of its warpgroup's 64: one m16 row tile */
     static constexpr int M_TILES = 1;
     static constexpr int NTHREADS = NWARPS * WARP_SIZE + WARPGROUP; /* the consumers, then the producer */
+    /* setmaxnreg (above): the registers each thread has at launch, and the consumers' share of what
+     * the producer gives back: 240 with two consumer warpgroups, 160 with three */
+    static constexpr int LAUNCH_REGS = 65536 / NTHREADS / 8 * 8;
+    static constexpr int CONSUMER_REGS = (LAUNCH_REGS * NTHREADS - PRODUCER_REGS * WARPGROUP) / (NWARPS * WARP_SIZE) / 8 * 8;
     static constexpr int ROWS_PER_WARP = 16 * M_TILES;
     static constexpr int Br = NWARPS * ROWS_PER_WARP;
     /* Q_i [Br][HeadDim], then the ring: STAGES buffers of K_j [Bc][HeadDim], STAGES of V_j, all
@@ -122,8 +134,9 @@ struct tiles {
     static_assert(Br <= 256 && Bc <= 256, "a TMA box has at most 256 rows");
     static_assert(STAGES >= 2, "a ring: the copy engine fills one stage while the consumers read another");
     static_assert(bytes <= SMEM_MAX, "Q_i and the ring fit the shared memory of one block");
-    static_assert(PRODUCER_REGS * WARPGROUP + CONSUMER_REGS * NWARPS * WARP_SIZE <= 65536 / NTHREADS / 8 * 8 * NTHREADS,
+    static_assert(PRODUCER_REGS * WARPGROUP + CONSUMER_REGS * NWARPS * WARP_SIZE <= LAUNCH_REGS * NTHREADS,
                   "the consumers take no more registers than the producer gives back");
+    static_assert(CONSUMER_REGS <= 256, "setmaxnreg: at most 256 registers per thread");
 };
 
 /* ---- kernel ---- */
@@ -139,6 +152,7 @@ stage12_warp_specialized_kernel(const __grid_constant__ CUtensorMap tmap_Q, cons
     typedef mma16<T> M;
     constexpr int M_TILES = Tiles::M_TILES, Br = Tiles::Br, Bc = Tiles::Bc, STAGES = Tiles::STAGES;
     constexpr bool TURNED = Tiles::TURNED;
+    constexpr int NWARPGROUPS = Tiles::NWARPGROUPS, NWARPS = Tiles::NWARPS;
     constexpr int KT = Bc / 8;      /* key tiles: n8 tiles of S_ij */
     constexpr int DT = HeadDim / 8; /* dim tiles: n8 column tiles of O_i */
     extern __shared__ __align__(SW128_ATOM_BYTES) unsigned char smem[];
@@ -213,7 +227,7 @@ stage12_warp_specialized_kernel(const __grid_constant__ CUtensorMap tmap_Q, cons
     }
 
     /* ---- the consumers: stage 11's loop, without a load or a block barrier ---- */
-    setmaxnreg_inc<CONSUMER_REGS>(); /* both warpgroups, each together: the producer's registers */
+    setmaxnreg_inc<Tiles::CONSUMER_REGS>(); /* every consumer warpgroup, each together: the producer's registers */
 
     /* This lane's rows are row0 + 16 mt + 8 h + g (mt < M_TILES, h = 0, 1). m_i is the running
      * max of the raw scores (not yet scaled); l_i is this lane's part of the row sum (its 2 of
