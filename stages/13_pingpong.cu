@@ -307,7 +307,9 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
 
     if (wg == NWARPGROUPS) {
         /* ---- the producer: one warp; its lane 0 issues every copy, takes the items and hands them
-         * over with Q_i; the rest of the warpgroup leaves ---- */
+         * over with Q_i, the other lanes wait with it (a warp since the hand-over went through named
+         * barriers, which count whole warps; one thread would do again now: note 13); the rest of
+         * the warpgroup leaves ---- */
         setmaxnreg_dec<PRODUCER_REGS>(); /* the whole warpgroup, together: its registers to the pool */
         if (warp == NWARPS) {
             const bool issuer = lane == 0;
