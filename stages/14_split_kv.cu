@@ -62,8 +62,15 @@ constexpr int NWARPS = 4;
  * in shared memory over the K/V ring, [max_splits][Br] floats (64 KiB at 1024). */
 constexpr int MAX_SPLITS = 1024;
 /* The merge's loads of partial rows O_s kept in flight per thread (unrolled): they come from L2,
- * a few hundred cycles each, and the merge is the tail of the kernel, nothing to overlap it. */
-constexpr int MERGE_UNROLL = 8;
+ * a few hundred cycles each, and the merge is the tail of the kernel, nothing to overlap it. At
+ * B = 1, N_kv = 16k a thread sums 32 slices, so 8 in flight are four L2 round trips one after the
+ * other; nvcc -DSTAGE14_MERGE_UNROLL=16 or 32 builds the ones to time against it (not yet measured:
+ * note 14). */
+#ifndef STAGE14_MERGE_UNROLL
+#define STAGE14_MERGE_UNROLL 8
+#endif
+constexpr int MERGE_UNROLL = STAGE14_MERGE_UNROLL;
+static_assert(MERGE_UNROLL >= 1, "at least one load in flight");
 
 /* The most slices, from MAX_SPLITS down by halves, whose merge (a weight per slice and row, then
  * each row's m and 1 / l) fits in ring_bytes of shared memory. */
