@@ -278,7 +278,7 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
      * for the slot, one per item and warp: the mbarrier orders them, but the race checker does
      * not follow an mbarrier's order between ordinary stores and loads (note 13) and ignores
      * atomics. (0f03245 made this a named-barrier meeting of producer and consumers, which held
-     * the producer's copies back until every warpgroup had reached the item: 4 to 8% at d = 64,
+     * the producer's copies back until every warpgroup had reached the item: 3 to 8% at d = 64,
      * and synccheck rejected it; then an st.async into the slot, which Hopper allows only
      * between the blocks of a cluster; note 13.) */
     /* item w's head (the tensor maps' outermost coordinate), first query row, and K/V tiles: all of
