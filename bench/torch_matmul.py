@@ -35,15 +35,15 @@ def main():
         fail("--size and --iters must be at least 1, --warmup at least 0")
     gpu = slug(torch.cuda.get_device_name())
     out = a.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", f"{gpu}_matmul.csv")
-    if os.path.exists(out) and os.path.getsize(out) > 0:
+    started = os.path.exists(out) and os.path.getsize(out) > 0
+    if started:
         with open(out) as f:
             have = f.readline().strip()
         if have != COLUMNS:
             fail(f"{out} has another header than {COLUMNS}: {have}")
     torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}
-    rows = []
+    rows, s = [], a.size
     for t in a.dtypes:
-        s = a.size
         x = torch.empty(s, s, device="cuda", dtype=torch_dtype[t]).uniform_(-1, 1)
         y = torch.empty(s, s, device="cuda", dtype=torch_dtype[t]).uniform_(-1, 1)
         z = torch.empty(s, s, device="cuda", dtype=torch_dtype[t])
@@ -53,9 +53,8 @@ def main():
                     f"{os.environ.get('FA_COMMIT', 'unknown')}")
         print(f"torch-matmul {t} {s}^3 ... {tflops:.1f} TFLOP/s", file=sys.stderr)
         del x, y, z
-    new = not (os.path.exists(out) and os.path.getsize(out) > 0)
     with open(out, "a") as f:
-        if new:
+        if not started:
             f.write(COLUMNS + "\n")
         f.write("\n".join(rows) + "\n")
     print(f"torch_matmul.py: {len(rows)} rows appended to {os.path.relpath(out)}", file=sys.stderr)
