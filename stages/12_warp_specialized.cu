@@ -46,12 +46,13 @@ namespace {
 
 /* ---- configuration ---- */
 
-/* Two consumer warpgroups per block at every head dim, as in stage 11: a Q tile of Br = 128 rows,
- * 64 per warpgroup (the M of one wgmma), both reading the same K_j, V_j. Per thread a consumer
- * warpgroup's accumulators hold Bc / 2 fp32 of S_ij and HeadDim / 2 of O_i, and P_ij takes Bc / 4
- * registers (16-bit pairs) that the tensor cores read until the wait: all three live at once.
- * Bc is 128 at d = 64 (stage 11 takes 64 there, which its cp.async buffers needed; here Bc = 64
- * measured 0.84-0.88x of 128, below), 128 at d = 128, 64 at d = 256 (O_i alone is 128 registers).
+/* Two consumer warpgroups per block (three at d = 64, below), as in stage 11: a Q tile of Br = 128
+ * rows, 64 per warpgroup (the M of one wgmma), both reading the same K_j, V_j. Per thread a
+ * consumer warpgroup's accumulators hold Bc / 2 fp32 of S_ij and HeadDim / 2 of O_i, and P_ij takes
+ * Bc / 4 registers (16-bit pairs) that the tensor cores read until the wait: all three live at
+ * once. Bc is 128 at d = 64 (stage 11 takes 64 there, which its cp.async buffers needed; here
+ * Bc = 64 measured 0.84-0.88x of 128, below), 128 at d = 128, 64 at d = 256 (O_i alone is 128
+ * registers).
  *
  * Then a third warpgroup, the producer (warpgroup 2, after the consumers, so that the consumers'
  * thread, warp and warpgroup numbers are stage 11's). One of its threads issues every copy; the
@@ -67,9 +68,9 @@ namespace {
  * S = Q K_{j+1}^T, so a consumer holds two stages (V_j still being read, and tile j+1) and frees
  * tile j's only at the wait for S_{i,j+1}; the copy engine fills the other STAGES - 2. One block
  * per SM (the registers), so shared memory beside Q_i is spent on the ring:
- *   d = 64:  Bc = 128, 4 stages: 16 + 4 x 32 = 144 KiB, turned. (Bc = 64 with 8 stages, the same
- *            bytes, measured 0.84-0.88x of this on the H200: twice the tiles, each with its waits
- *            and its softmax bookkeeping, and nothing the deeper ring bought back.)
+ *   d = 64:  Bc = 128, 4 stages: 16 + 4 x 32 = 144 KiB (two warpgroups), turned. (Bc = 64 with 8
+ *            stages, the same bytes, measured 0.84-0.88x of this on the H200: twice the tiles, each
+ *            with its waits and its softmax bookkeeping, and nothing the deeper ring bought back.)
  *   d = 128: Bc = 128, 3 stages: 32 + 3 x 64 = 224 KiB, as many as fit; not turned: turned, a
  *            consumer holds two of the three stages and the copy engine has one left to fill
  *            ahead; it measured 0.96-1.03x of this, no gain for the longer story.
@@ -80,12 +81,14 @@ namespace {
  * The alternatives (Bc = 64 at d = 64, turned at d = 128 and 256) lost and were removed: note 12
  * has the measurements; commit 2bbf406 builds them with nvcc -D.
  *
- * STAGE12_D64_WG3=1 (nvcc -D, a build to time against this one; not yet measured): three consumer
- * warpgroups at d = 64, as FlashAttention-3 and stage 13 run it: Br = 192, 512 threads, 128
- * registers each at launch, the consumers 160 after setmaxnreg (O 32 + S 64 + P 32 fit), Q_i 24
- * KiB + the same ring, 152 KiB. Each K/V tile copied then serves 192 query rows instead of 128. */
+ * At d = 64 three consumer warpgroups, as FlashAttention-3 runs it (STAGE12_D64_WG3, default 1;
+ * nvcc -DSTAGE12_D64_WG3=0 builds the two of the other head dims, to time against): Br = 192,
+ * 512 threads, 128 registers each at launch, the consumers 160 after setmaxnreg (O 32 + S 64 +
+ * P 32 fit), Q_i 24 KiB + the same ring, 152 KiB. Each K/V tile copied then serves 192 query
+ * rows instead of 128: 1.05-1.23x the two warpgroups on the H200, but for N = 1024 causal, 0.93x
+ * (note 12, "Three consumer warpgroups at d = 64"). */
 #ifndef STAGE12_D64_WG3
-#define STAGE12_D64_WG3 0
+#define STAGE12_D64_WG3 1
 #endif
 constexpr int WARPGROUP = 4 * WARP_SIZE; /* threads that issue one wgmma together */
 constexpr int PRODUCER_REGS = 24; /* setmaxnreg, per thread (above); the consumers' share: tiles */
