@@ -103,8 +103,9 @@ struct stage {
     attn_fn backward;        /* NULL where the stage has none */
     int dims[8];             /* supported head dims, 0-terminated; dims[0] == 0 means any d >= 1 */
     unsigned dtypes;         /* mask of enum dtype */
-    /* Scratch the stage needs beside its inputs and outputs (GPU stages; may be NULL). */
-    size_t (*workspace_bytes)(const struct shape *sh);
+    /* Scratch the stage needs beside its inputs and outputs for a call with arguments `a` (its
+     * shape, dtype and deterministic; no tensors are read) (GPU stages; may be NULL). */
+    size_t (*workspace_bytes)(const struct attn_args *a);
     int openmp;              /* CPU stages: 1 if it spreads work over OpenMP threads */
     /* GPU stages: the bytes its loop structure moves for this shape (--counters shows them). */
     void (*hbm_traffic)(const struct shape *sh, struct hbm_traffic *t);

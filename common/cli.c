@@ -128,7 +128,7 @@ static void usage(const struct stage *st, const struct opts *def, FILE *f)
         fprintf(f, "  --counters         run the kernel's counting build once more and print the work on O\n"
                    "                     it counted, beside the HBM bytes its loop structure moves\n");
     if (stage_takes(st, BACKWARD))
-        fprintf(f, "  --deterministic    bitwise-identical dQ from run to run (no atomics; slower)\n");
+        fprintf(f, "  --deterministic    bitwise-identical dQ from run to run (slower)\n");
     if (st->kv_cache)
         fprintf(f, "  --load DIR         read q.npy [B, H, N, d] and k.npy, v.npy [B, H_kv, N_kv, d] (float32 or\n"
                    "                     float16) from DIR; the shape is theirs (shape flags, if given, must agree)\n");

@@ -365,8 +365,9 @@ stage5_delayed_kernel(const __half *__restrict__ Q, const __half *__restrict__ K
 
 /* ---- launcher ---- */
 
-size_t workspace_bytes(const struct shape *sh)
+size_t workspace_bytes(const struct attn_args *a)
 {
+    const struct shape *sh = &a->sh;
     /* O_acc[B,H,N,d], then m[B,H,N], then l[B,H,N], all fp32 */
     return (size_t)sh->B * sh->H * sh->N * (sh->d + 2) * sizeof(float);
 }

@@ -11,10 +11,15 @@
  *        dV_j += P_ij^T dO_i,  dP_ij = dO_i V_j^T,  dS_ij = P_ij * (dP_ij - D_i)
  *        dK_j += scale dS_ij^T Q_i,  dQ_i += scale dS_ij K_j   (fp32 atomics into HBM)
  *   3. stage10_convert_kernel: dQ from the fp32 accumulator to the input dtype.
- *   With --deterministic the dK/dV kernel skips dQ and stage10_dq_kernel computes it instead,
- *   parallel over Q tiles with dQ_i in registers: no atomics, the same bits on every run, at the
- *   price of recomputing S and dP once more. Its three products all have queries for rows, so it
- *   is laid out and engineered as stage 9's forward (a warp owns whole rows, end to end).
+ *   With --deterministic the adds into dQ are put in an order: a head's K/V tiles are cut into S
+ *   splits (one wave of blocks: dq_splits), block s of a head takes its split's tiles one after
+ *   the other and adds into an fp32 accumulator of its own, and stage10_convert_splits_kernel
+ *   sums the S accumulators in order: the same bits on every run, for S - 1 more accumulators
+ *   read (FlashAttention-2's deterministic mode). STAGE10_DQ_KERNEL=1 in the environment runs the
+ *   earlier --deterministic instead, to time against: the dK/dV kernel skips dQ and
+ *   stage10_dq_kernel computes it, parallel over Q tiles with dQ_i in registers, no atomics, at
+ *   the price of recomputing S and dP once more; its three products all have queries for rows,
+ *   so it is laid out and engineered as stage 9's forward (a warp owns whole rows, end to end).
  * Why this shape: dK_j and dV_j sum over every query, dQ_i over every key; a block can own one of
  *   the two sums and must share the other. FA-2 owns dK, dV (two accumulators on chip) and adds
  *   dQ into HBM. P is recomputed from Q, K and L rather than stored: storing it is N^2 per head,
@@ -28,7 +33,7 @@
  *   half as many atomic adds as with 64 (64 keys at d = 256, where registers hold no more); each
  *   add is a float2 (sm_90: one atomic for two columns).
  * Measured on H200: see notes/10_backward.md.
- * Run: ./stage10 --seqlen 4096 --dim 64 --causal  (add --deterministic for the atomic-free dQ)
+ * Run: ./stage10 --seqlen 4096 --dim 64 --causal  (add --deterministic for a dQ with the same bits every run)
  */
 #include "common/attn.h"
 #include "common/cuda/cuda_check.h"
@@ -43,6 +48,8 @@
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 namespace {
 
@@ -247,7 +254,7 @@ stage10_preprocess_kernel(const T *__restrict__ O, const T *__restrict__ dO, con
  * two mma, and shared-memory reads were the limit (1.74 mma per ldmatrix.x4 at d = 128). Writing
  * P^T and dS^T to shared memory once lets each phase pick the warp layout that reuses its loads:
  * per step and warp, 144 ldmatrix.x4 feed 320 mma at d = 64 and 128 (2.2). */
-template <typename T, class Cfg>
+template <typename T, class Cfg, bool SPLITS>
 __global__ void __launch_bounds__(Cfg::KV_WARPS * WARP_SIZE)
 stage10_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__restrict__ V,
                    const T *__restrict__ dO, const float *__restrict__ L2, const float *__restrict__ Dsum,
@@ -292,7 +299,6 @@ stage10_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *_
 
     const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
     const int g = lane >> 2, t = lane & 3;
-    const int j = blockIdx.x;                      /* this block's K/V tile */
     const size_t bh = blockIdx.y, head = bh * N * HeadDim;
     /* this warp's part in phase A (KEYS_PER_WARP_A keys x QUERIES_PER_WARP_A queries), B (32 keys x
      * COLS_PER_WARP_B columns), C (32 queries x COLS_PER_WARP_C columns): its first key, query or
@@ -303,8 +309,6 @@ stage10_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *_
     const int qC = (warp % QUERY_GROUPS_C) * 32, colC = (warp / QUERY_GROUPS_C) * COLS_PER_WARP_C;
     const float scale_log2 = scale * LOG2E;
     const int Tr = CEIL_DIV(N, Br);
-    /* causal: Q tiles wholly above the diagonal (every query before every key of K_j) see none of it */
-    const int i_first = causal ? (j * Bc) / Br : 0;
 
     /* This lane's ldmatrix addresses (32-bit shared), computed once: the first fragment of each
      * operand of each phase. Every other fragment is a compile-time swizzle_step from one of them
@@ -347,179 +351,209 @@ stage10_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *_
         }
     };
 
-    load_tile_swizzled<T, HeadDim, Bc, KV_THREADS>(K_j, K + head, j * Bc, N);
-    load_tile_swizzled<T, HeadDim, Bc, KV_THREADS>(V_j, V + head, j * Bc, N);
-    load_q_tile(i_first, 0);
-    cp_async_commit();
-
-    /* phase B's 32 keys x COLS_PER_WARP_B */
-    float dK_acc[2][COLS_PER_WARP_B / 8][4] = {}, dV_acc[2][COLS_PER_WARP_B / 8][4] = {};
-
-    for (int i = i_first, b = 0; i < Tr; i++, b ^= 1) {
-        cp_async_wait<0>();
-        __syncthreads(); /* tile i in buffer b; every warp is done with step i-1 (buffer b^1, P^T, dS^T free) */
-        if (i + 1 < Tr) load_q_tile(i + 1, b ^ 1);
+    /* K/V tile j: its dK_j, dV_j, and its share of dQ added into dQ_dst (the first tile of a split,
+     * store_dq, stores it instead: below) */
+    auto kv_tile = [&](const int j, float *dQ_dst, const bool store_dq) {
+        /* causal: Q tiles wholly above the diagonal (every query before every key of K_j) see none of it */
+        const int i_first = causal ? (j * Bc) / Br : 0;
+        load_tile_swizzled<T, HeadDim, Bc, KV_THREADS>(K_j, K + head, j * Bc, N);
+        load_tile_swizzled<T, HeadDim, Bc, KV_THREADS>(V_j, V + head, j * Bc, N);
+        load_q_tile(i_first, 0);
         cp_async_commit();
-        const unsigned buf = b * Q_BUF; /* Q_i, dO_i: buffer b */
-        const float *L_i = L_buf + b * Br, *D_i = D_buf + b * Br;
 
-        /* A. S^T = K_j Q_i^T, then dP^T = V_j dO_i^T, for this warp's KEYS_PER_WARP_A keys x
-         * QUERIES_PER_WARP_A queries (one product at a time: their fragments need not be live
-         * together) */
-        float ST[KEY_TILES_A][QUERY_TILES_A][4] = {}, dPT[KEY_TILES_A][QUERY_TILES_A][4] = {};
-        auto product = [&](float C[KEY_TILES_A][QUERY_TILES_A][4], unsigned A_at, unsigned B_at) {
-            /* UNROLL_A k16 steps at a time, each fragment a compile-time step from A_at, B_at, which
-             * then move on by 2 UNROLL_A chunks: whole 128-byte lines, a plain add */
-#pragma unroll 1
-            for (int k0 = 0; k0 < HeadDim; k0 += 16 * UNROLL_A) {
-#pragma unroll
-                for (int k = 0; k < 16 * UNROLL_A; k += 16) {
-                    uint32_t Af[KEY_TILES_A][4];
-#pragma unroll
-                    for (int m = 0; m < KEY_TILES_A; m++)
-                        ldmatrix_x4_at(Af[m], swizzle_step<HeadDim>(A_at, 16 * m, k / 8));
-#pragma unroll
-                    for (int qb = 0; qb < QUERY_TILES_A / 2; qb++) {
-                        uint32_t Bf[4];
-                        ldmatrix_x4_at(Bf, swizzle_step<HeadDim>(B_at, 16 * qb, k / 8));
-#pragma unroll
-                        for (int m = 0; m < KEY_TILES_A; m++) {
-                            M::mma(C[m][2 * qb], Af[m], &Bf[0]);
-                            M::mma(C[m][2 * qb + 1], Af[m], &Bf[2]);
+        /* phase B's 32 keys x COLS_PER_WARP_B */
+        float dK_acc[2][COLS_PER_WARP_B / 8][4] = {}, dV_acc[2][COLS_PER_WARP_B / 8][4] = {};
+
+        for (int i = i_first, b = 0; i < Tr; i++, b ^= 1) {
+            cp_async_wait<0>();
+            __syncthreads(); /* tile i in buffer b; every warp is done with step i-1 (buffer b^1, P^T, dS^T free) */
+            if (i + 1 < Tr) load_q_tile(i + 1, b ^ 1);
+            cp_async_commit();
+            const unsigned buf = b * Q_BUF; /* Q_i, dO_i: buffer b */
+            const float *L_i = L_buf + b * Br, *D_i = D_buf + b * Br;
+
+            /* A. S^T = K_j Q_i^T, then dP^T = V_j dO_i^T, for this warp's KEYS_PER_WARP_A keys x
+             * QUERIES_PER_WARP_A queries (one product at a time: their fragments need not be live
+             * together) */
+            float ST[KEY_TILES_A][QUERY_TILES_A][4] = {}, dPT[KEY_TILES_A][QUERY_TILES_A][4] = {};
+            auto product = [&](float C[KEY_TILES_A][QUERY_TILES_A][4], unsigned A_at, unsigned B_at) {
+                /* UNROLL_A k16 steps at a time, each fragment a compile-time step from A_at, B_at, which
+                 * then move on by 2 UNROLL_A chunks: whole 128-byte lines, a plain add */
+    #pragma unroll 1
+                for (int k0 = 0; k0 < HeadDim; k0 += 16 * UNROLL_A) {
+    #pragma unroll
+                    for (int k = 0; k < 16 * UNROLL_A; k += 16) {
+                        uint32_t Af[KEY_TILES_A][4];
+    #pragma unroll
+                        for (int m = 0; m < KEY_TILES_A; m++)
+                            ldmatrix_x4_at(Af[m], swizzle_step<HeadDim>(A_at, 16 * m, k / 8));
+    #pragma unroll
+                        for (int qb = 0; qb < QUERY_TILES_A / 2; qb++) {
+                            uint32_t Bf[4];
+                            ldmatrix_x4_at(Bf, swizzle_step<HeadDim>(B_at, 16 * qb, k / 8));
+    #pragma unroll
+                            for (int m = 0; m < KEY_TILES_A; m++) {
+                                M::mma(C[m][2 * qb], Af[m], &Bf[0]);
+                                M::mma(C[m][2 * qb + 1], Af[m], &Bf[2]);
+                            }
                         }
                     }
+                    A_at = swizzle_step<HeadDim>(A_at, 0, 2 * UNROLL_A);
+                    B_at = swizzle_step<HeadDim>(B_at, 0, 2 * UNROLL_A);
                 }
-                A_at = swizzle_step<HeadDim>(A_at, 0, 2 * UNROLL_A);
-                B_at = swizzle_step<HeadDim>(B_at, 0, 2 * UNROLL_A);
+            };
+            product(ST, K_A, Q_A + buf);
+            product(dPT, K_A + V_OFF, Q_A + buf + dO_OFF);
+            /* Masks, only on the warps that need them: S^T = -inf (so P^T = 0) where the key is past N
+             * or, causal, after the query. C layout: ST[m][nt][c] is key key_w + g + 16 m + 8 (c >> 1),
+             * query q_w + 2t + 8 nt + (c & 1). A warp whose keys all come before N and before its
+             * first query keeps every score. Elsewhere each of this lane's key rows gets, once, the
+             * first query offset 8 nt + (c & 1) it keeps: none past N, from its own query on when
+             * causal; then a score costs one compare with a constant. */
+            const int key_w = j * Bc + keyA, q_w = i * Br + qA; /* this warp's first key and query */
+            if (key_w + KEYS_PER_WARP_A > N || (causal && key_w + KEYS_PER_WARP_A - 1 > q_w)) {
+    #pragma unroll
+                for (int m = 0; m < KEY_TILES_A; m++)
+    #pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const int key = key_w + g + 16 * m + 8 * h;
+                        const int first = key >= N ? INT_MAX : causal ? key - (q_w + 2 * t) : INT_MIN;
+    #pragma unroll
+                        for (int nt = 0; nt < QUERY_TILES_A; nt++)
+    #pragma unroll
+                            for (int e = 0; e < 2; e++)
+                                if (8 * nt + e < first) ST[m][nt][2 * h + e] = -INFINITY;
+                    }
             }
-        };
-        product(ST, K_A, Q_A + buf);
-        product(dPT, K_A + V_OFF, Q_A + buf + dO_OFF);
-        /* Masks, only on the warps that need them: S^T = -inf (so P^T = 0) where the key is past N
-         * or, causal, after the query. C layout: ST[m][nt][c] is key key_w + g + 16 m + 8 (c >> 1),
-         * query q_w + 2t + 8 nt + (c & 1). A warp whose keys all come before N and before its
-         * first query keeps every score. Elsewhere each of this lane's key rows gets, once, the
-         * first query offset 8 nt + (c & 1) it keeps: none past N, from its own query on when
-         * causal; then a score costs one compare with a constant. */
-        const int key_w = j * Bc + keyA, q_w = i * Br + qA; /* this warp's first key and query */
-        if (key_w + KEYS_PER_WARP_A > N || (causal && key_w + KEYS_PER_WARP_A - 1 > q_w)) {
-#pragma unroll
-            for (int m = 0; m < KEY_TILES_A; m++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int key = key_w + g + 16 * m + 8 * h;
-                    const int first = key >= N ? INT_MAX : causal ? key - (q_w + 2 * t) : INT_MIN;
-#pragma unroll
-                    for (int nt = 0; nt < QUERY_TILES_A; nt++)
-#pragma unroll
-                        for (int e = 0; e < 2; e++)
-                            if (8 * nt + e < first) ST[m][nt][2 * h + e] = -INFINITY;
-                }
-        }
-        /* P^T = exp2(scale log2e S^T - L log2e) and dS^T = P^T (dP^T - D), both to shared memory in
-         * 16-bit. A masked score gives exp2(-inf) = 0 (L is finite on every row: a row past N reads
-         * L = 0), and dS^T = 0 with it. */
-#pragma unroll
-        for (int nt = 0; nt < QUERY_TILES_A; nt++) {
-            /* this lane's two queries: their L and D read once, for all its keys */
-            const int ql = qA + nt * 8 + 2 * t;
-            const float2 Lq = *(const float2 *)&L_i[ql], Dq = *(const float2 *)&D_i[ql];
-#pragma unroll
-            for (int m = 0; m < KEY_TILES_A; m++) {
-                float p[4], ds[4];
-#pragma unroll
-                for (int c = 0; c < 4; c++) {
-                    p[c] = exp2_approx(fmaf(ST[m][nt][c], scale_log2, -((c & 1) ? Lq.y : Lq.x)));
-                    ds[c] = p[c] * (dPT[m][nt][c] - ((c & 1) ? Dq.y : Dq.x));
-                }
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int at = swizzle<Br>(keyA + 16 * m + g + 8 * h, qA / 8 + nt) + 2 * t;
-                    *(uint32_t *)&PT_s[at] = M::pack(p[2 * h], p[2 * h + 1]);
-                    *(uint32_t *)&dST_s[at] = M::pack(ds[2 * h], ds[2 * h + 1]);
+            /* P^T = exp2(scale log2e S^T - L log2e) and dS^T = P^T (dP^T - D), both to shared memory in
+             * 16-bit. A masked score gives exp2(-inf) = 0 (L is finite on every row: a row past N reads
+             * L = 0), and dS^T = 0 with it. */
+    #pragma unroll
+            for (int nt = 0; nt < QUERY_TILES_A; nt++) {
+                /* this lane's two queries: their L and D read once, for all its keys */
+                const int ql = qA + nt * 8 + 2 * t;
+                const float2 Lq = *(const float2 *)&L_i[ql], Dq = *(const float2 *)&D_i[ql];
+    #pragma unroll
+                for (int m = 0; m < KEY_TILES_A; m++) {
+                    float p[4], ds[4];
+    #pragma unroll
+                    for (int c = 0; c < 4; c++) {
+                        p[c] = exp2_approx(fmaf(ST[m][nt][c], scale_log2, -((c & 1) ? Lq.y : Lq.x)));
+                        ds[c] = p[c] * (dPT[m][nt][c] - ((c & 1) ? Dq.y : Dq.x));
+                    }
+    #pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const int at = swizzle<Br>(keyA + 16 * m + g + 8 * h, qA / 8 + nt) + 2 * t;
+                        *(uint32_t *)&PT_s[at] = M::pack(p[2 * h], p[2 * h + 1]);
+                        *(uint32_t *)&dST_s[at] = M::pack(ds[2 * h], ds[2 * h + 1]);
+                    }
                 }
             }
-        }
-        __syncthreads(); /* P^T and dS^T of all Bc keys x Br queries in shared memory */
+            __syncthreads(); /* P^T and dS^T of all Bc keys x Br queries in shared memory */
 
-        /* B. dV += P^T dO_i, dK += dS^T Q_i for 32 keys x COLS_PER_WARP_B columns, over the Br queries */
-#pragma unroll
-        for (int qk = 0; qk < Br; qk += 16) {
-            uint32_t Pa[2][4], dSa[2][4];
-#pragma unroll
-            for (int m = 0; m < 2; m++) {
-                ldmatrix_x4_at(Pa[m], swizzle_step<Br>(PT_B, 16 * m, qk / 8));
-                ldmatrix_x4_at(dSa[m], swizzle_step<Br>(PT_B, 16 * m, qk / 8) + dS_OFF);
-            }
-#pragma unroll
-            for (int n = 0; n < COLS_PER_WARP_B; n += 16) {
-                uint32_t dOf[4], Qf[4];
-                ldmatrix_x4_trans_at(dOf, swizzle_step<HeadDim>(Q_B, qk, n / 8) + buf + dO_OFF);
-                ldmatrix_x4_trans_at(Qf, swizzle_step<HeadDim>(Q_B, qk, n / 8) + buf);
-#pragma unroll
+            /* B. dV += P^T dO_i, dK += dS^T Q_i for 32 keys x COLS_PER_WARP_B columns, over the Br queries */
+    #pragma unroll
+            for (int qk = 0; qk < Br; qk += 16) {
+                uint32_t Pa[2][4], dSa[2][4];
+    #pragma unroll
                 for (int m = 0; m < 2; m++) {
-                    M::mma(dV_acc[m][n / 8], Pa[m], &dOf[0]);
-                    M::mma(dV_acc[m][n / 8 + 1], Pa[m], &dOf[2]);
-                    M::mma(dK_acc[m][n / 8], dSa[m], &Qf[0]);
-                    M::mma(dK_acc[m][n / 8 + 1], dSa[m], &Qf[2]);
+                    ldmatrix_x4_at(Pa[m], swizzle_step<Br>(PT_B, 16 * m, qk / 8));
+                    ldmatrix_x4_at(dSa[m], swizzle_step<Br>(PT_B, 16 * m, qk / 8) + dS_OFF);
+                }
+    #pragma unroll
+                for (int n = 0; n < COLS_PER_WARP_B; n += 16) {
+                    uint32_t dOf[4], Qf[4];
+                    ldmatrix_x4_trans_at(dOf, swizzle_step<HeadDim>(Q_B, qk, n / 8) + buf + dO_OFF);
+                    ldmatrix_x4_trans_at(Qf, swizzle_step<HeadDim>(Q_B, qk, n / 8) + buf);
+    #pragma unroll
+                    for (int m = 0; m < 2; m++) {
+                        M::mma(dV_acc[m][n / 8], Pa[m], &dOf[0]);
+                        M::mma(dV_acc[m][n / 8 + 1], Pa[m], &dOf[2]);
+                        M::mma(dK_acc[m][n / 8], dSa[m], &Qf[0]);
+                        M::mma(dK_acc[m][n / 8 + 1], dSa[m], &Qf[2]);
+                    }
                 }
             }
+
+            if (!with_dq) continue;
+            /* C. dQ_i += dS K_j for 32 queries x COLS_PER_WARP_C columns, over the Bc keys; fp32 atomics
+             * into HBM */
+            float dQ_part[2][COLS_PER_WARP_C / 8][4] = {};
+    #pragma unroll
+            for (int kb = 0; kb < Bc; kb += 16) {
+                uint32_t dSa[2][4]; /* A = dS (queries x keys) = the stored dS^T, transposed */
+    #pragma unroll
+                for (int m = 0; m < 2; m++) ldmatrix_x4_trans_at(dSa[m], swizzle_step<Br>(dST_C, kb, 2 * m));
+    #pragma unroll
+                for (int n = 0; n < COLS_PER_WARP_C; n += 16) {
+                    uint32_t Kf[4];
+                    ldmatrix_x4_trans_at(Kf, swizzle_step<HeadDim>(K_C, kb, n / 8));
+    #pragma unroll
+                    for (int m = 0; m < 2; m++) {
+                        M::mma(dQ_part[m][n / 8], dSa[m], &Kf[0]);
+                        M::mma(dQ_part[m][n / 8 + 1], dSa[m], &Kf[2]);
+                    }
+                }
+            }
+            /* this lane's dQ rows are q_C + 16 m + 8 h: one address for the first, the others a constant
+             * distance on. Rows at or past N are skipped, tested only in a tail tile. */
+            const int q_C = i * Br + qC + g;
+            float *dQ_C = dQ_dst + head + (size_t)q_C * HeadDim + colC + 2 * t;
+            auto add_dQ = [&](bool tail) {
+    #pragma unroll
+                for (int m = 0; m < 2; m++)
+    #pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        if (tail && q_C + 16 * m + 8 * h >= N) continue;
+    #pragma unroll
+                        for (int nt = 0; nt < COLS_PER_WARP_C / 8; nt++) {
+                            float *at = dQ_C + (16 * m + 8 * h) * HeadDim + nt * 8;
+                            if (SPLITS && store_dq)
+                                *(float2 *)at = make_float2(dQ_part[m][nt][2 * h], dQ_part[m][nt][2 * h + 1]);
+                            else
+                                atomic_add2(at, dQ_part[m][nt][2 * h], dQ_part[m][nt][2 * h + 1]);
+                        }
+                    }
+            };
+            if ((i + 1) * Br <= N) add_dQ(false);
+            else add_dQ(true);
         }
 
-        if (!with_dq) continue;
-        /* C. dQ_i += dS K_j for 32 queries x COLS_PER_WARP_C columns, over the Bc keys; fp32 atomics
-         * into HBM */
-        float dQ_part[2][COLS_PER_WARP_C / 8][4] = {};
-#pragma unroll
-        for (int kb = 0; kb < Bc; kb += 16) {
-            uint32_t dSa[2][4]; /* A = dS (queries x keys) = the stored dS^T, transposed */
-#pragma unroll
-            for (int m = 0; m < 2; m++) ldmatrix_x4_trans_at(dSa[m], swizzle_step<Br>(dST_C, kb, 2 * m));
-#pragma unroll
-            for (int n = 0; n < COLS_PER_WARP_C; n += 16) {
-                uint32_t Kf[4];
-                ldmatrix_x4_trans_at(Kf, swizzle_step<HeadDim>(K_C, kb, n / 8));
-#pragma unroll
-                for (int m = 0; m < 2; m++) {
-                    M::mma(dQ_part[m][n / 8], dSa[m], &Kf[0]);
-                    M::mma(dQ_part[m][n / 8 + 1], dSa[m], &Kf[2]);
+        /* dK_j = scale dS^T Q, dV_j = P^T dO: phase B's 32 keys x COLS_PER_WARP_B, to HBM in the input dtype */
+    #pragma unroll
+        for (int m = 0; m < 2; m++)
+    #pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int key = j * Bc + keyB + 16 * m + g + 8 * h;
+                if (key >= N) continue;
+    #pragma unroll
+                for (int nt = 0; nt < COLS_PER_WARP_B / 8; nt++) {
+                    const size_t at = head + (size_t)key * HeadDim + colB + nt * 8 + 2 * t;
+                    *(uint32_t *)&dK[at] = M::pack(scale * dK_acc[m][nt][2 * h], scale * dK_acc[m][nt][2 * h + 1]);
+                    *(uint32_t *)&dV[at] = M::pack(dV_acc[m][nt][2 * h], dV_acc[m][nt][2 * h + 1]);
                 }
             }
+    };
+
+    if constexpr (!SPLITS) {
+        kv_tile(blockIdx.x, dQ_acc, false); /* this block's K/V tile; dQ by atomics (unless with_dq is 0) */
+    } else {
+        /* --deterministic: block s of the S = gridDim.x splits of this head takes the K/V tiles
+         * j = s, 2S - 1 - s, 2S + s, 4S - 1 - s, ... (a snake, so that under a causal mask every
+         * split gets about as many Q tiles), one after the other, and adds their shares of dQ into
+         * its own accumulator, dQ_acc's split s: the first tile stores, the next ones add, each
+         * element by the same thread every time, so in the same order on every run. The convert
+         * kernel then sums the S accumulators in order of s. */
+        /* (S, s and the split's accumulator from the launch's registers on every tile: kept live
+         * across the loop they cost the d = 128 kernel a spill) */
+        for (int k = 0;; k++) {
+            const int S = gridDim.x, s = blockIdx.x;
+            const int j = k * S + ((k & 1) ? S - 1 - s : s);
+            if (j >= CEIL_DIV(N, Bc)) break;
+            if (k) __syncthreads(); /* every warp done with the last tile's K_j, V_j, buffers and P^T */
+            kv_tile(j, dQ_acc + (size_t)s * gridDim.y * N * HeadDim, k == 0);
         }
-        /* this lane's dQ rows are q_C + 16 m + 8 h: one address for the first, the others a constant
-         * distance on. Rows at or past N are skipped, tested only in a tail tile. */
-        const int q_C = i * Br + qC + g;
-        float *dQ_C = dQ_acc + head + (size_t)q_C * HeadDim + colC + 2 * t;
-        auto add_dQ = [&](bool tail) {
-#pragma unroll
-            for (int m = 0; m < 2; m++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    if (tail && q_C + 16 * m + 8 * h >= N) continue;
-#pragma unroll
-                    for (int nt = 0; nt < COLS_PER_WARP_C / 8; nt++)
-                        atomic_add2(dQ_C + (16 * m + 8 * h) * HeadDim + nt * 8, dQ_part[m][nt][2 * h],
-                                    dQ_part[m][nt][2 * h + 1]);
-                }
-        };
-        if ((i + 1) * Br <= N) add_dQ(false);
-        else add_dQ(true);
     }
-
-    /* dK_j = scale dS^T Q, dV_j = P^T dO: phase B's 32 keys x COLS_PER_WARP_B, to HBM in the input dtype */
-#pragma unroll
-    for (int m = 0; m < 2; m++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int key = j * Bc + keyB + 16 * m + g + 8 * h;
-            if (key >= N) continue;
-#pragma unroll
-            for (int nt = 0; nt < COLS_PER_WARP_B / 8; nt++) {
-                const size_t at = head + (size_t)key * HeadDim + colB + nt * 8 + 2 * t;
-                *(uint32_t *)&dK[at] = M::pack(scale * dK_acc[m][nt][2 * h], scale * dK_acc[m][nt][2 * h + 1]);
-                *(uint32_t *)&dV[at] = M::pack(dV_acc[m][nt][2 * h], dV_acc[m][nt][2 * h + 1]);
-            }
-        }
 }
 
 /* --deterministic: dQ_i for one Q tile, summed over the K/V tiles in order in registers, each warp
@@ -738,13 +772,71 @@ __global__ void stage10_convert_kernel(const float *__restrict__ dQ_acc, T *__re
     }
 }
 
+/* --deterministic: dQ = scale * the sum of the S splits' fp32 accumulators, in order of s, over the
+ * splits that hold the row: split s's first K/V tile is j = s, and under a causal mask it (and so
+ * every later tile of the split) skips the Q tiles i < (s Bc) / Br: Q tile i is held by splits
+ * s < ceil((i + 1) Br / Bc). The rest of an accumulator is never written, so never read. */
+template <typename T, class Cfg>
+__global__ void stage10_convert_splits_kernel(const float *__restrict__ dQ_acc, T *__restrict__ dQ, size_t n8,
+                                              float scale, int S, int N, int causal)
+{
+    typedef mma16<T> M;
+    constexpr int HeadDim = Cfg::HeadDim, Br = Cfg::Br, Bc = Cfg::Bc;
+    const size_t split = 8 * n8; /* elements of one accumulator */
+    for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < n8; k += (size_t)gridDim.x * blockDim.x) {
+        const int i = (int)((8 * k / HeadDim) % N) / Br; /* the row's Q tile */
+        const int held = causal ? min(S, CEIL_DIV((i + 1) * Br, Bc)) : S;
+        float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
+        for (int s = 0; s < held; s++) {
+            const float4 *acc = (const float4 *)(dQ_acc + s * split);
+            const float4 x = acc[2 * k], y = acc[2 * k + 1];
+            a.x += x.x, a.y += x.y, a.z += x.z, a.w += x.w;
+            b.x += y.x, b.y += y.y, b.z += y.z, b.w += y.w;
+        }
+        ((uint4 *)dQ)[k] = make_uint4(M::pack(scale * a.x, scale * a.y), M::pack(scale * a.z, scale * a.w),
+                                      M::pack(scale * b.x, scale * b.y), M::pack(scale * b.z, scale * b.w));
+    }
+}
+
 /* ---- launcher ---- */
 
-/* The workspace: the fp32 dQ accumulator, then D and L * log2(e) (fp32, one each per row). */
-size_t workspace_bytes(const struct shape *sh)
+/* STAGE10_DQ_KERNEL=1 in the environment: --deterministic by the separate dQ kernel
+ * (stage10_dq_kernel, parallel over Q tiles) instead of the splits, to time the two. */
+bool dq_kernel_chosen()
 {
-    return 2 * shape_rows(sh) * sizeof(float) + shape_elems(sh) * sizeof(float);
+    static const int chosen = [] {
+        const char *e = getenv("STAGE10_DQ_KERNEL");
+        return e && !strcmp(e, "1");
+    }();
+    return chosen;
 }
+
+/* --deterministic's splits of a head's K/V tiles (the rule): one wave of dK/dV blocks,
+ *   S = min(Tc, max(1, floor(resident blocks / (B * H)))),
+ * resident blocks = SMs x the blocks of the kernel an SM holds (the occupancy API; one on an H100
+ * or H200 at every d). Every block of the grid then runs from the start to the end, and S
+ * accumulators of dQ (fp32, S x B x H x N x d) are what the order costs in memory. */
+template <class Cfg>
+int dq_splits(const struct shape *sh, char *why, size_t n)
+{
+    static int slots = 0;
+    if (!slots) {
+        if (smem_optin(stage10_dkdv_kernel<__half, Cfg, true>, Cfg::smem_bytes, Cfg::HeadDim, why, n)) return -1;
+        int dev = 0, sms = 0, per_sm = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, stage10_dkdv_kernel<__half, Cfg, true>,
+                                                          Cfg::KV_WARPS * WARP_SIZE, Cfg::smem_bytes) != cudaSuccess) {
+            snprintf(why, n, "cannot ask the device for its SMs and the kernel's occupancy: %s",
+                     cudaGetErrorString(cudaGetLastError()));
+            return -1;
+        }
+        slots = sms * std::max(per_sm, 1);
+    }
+    const long long bh = (long long)sh->B * sh->H, Tc = CEIL_DIV(sh->N, Cfg::Bc);
+    return (int)std::min(Tc, std::max(1LL, slots / bh));
+}
+
 
 /* The dK/dV kernel with configuration Cfg, and with --deterministic the dQ kernel with Dq (without
  * it, the convert kernel). */
@@ -759,28 +851,42 @@ int launch(const struct attn_args *a, char *why, size_t n)
         return ATTN_UNSUPPORTED;
     }
     const size_t kv_smem = Cfg::smem_bytes, dq_smem = Dq::smem_bytes;
-    if (int rc = smem_optin(stage10_dkdv_kernel<T, Cfg>, kv_smem, HeadDim, why, n)) return rc;
-    if (a->deterministic)
+    /* --deterministic: the splits (stage10_dkdv_kernel<..., true>), or the dQ kernel where chosen */
+    const bool splits = a->deterministic && !dq_kernel_chosen(), dq_kernel = a->deterministic && !splits;
+    if (int rc = splits ? smem_optin(stage10_dkdv_kernel<T, Cfg, true>, kv_smem, HeadDim, why, n)
+                        : smem_optin(stage10_dkdv_kernel<T, Cfg, false>, kv_smem, HeadDim, why, n))
+        return rc;
+    if (dq_kernel)
         if (int rc = smem_optin(stage10_dq_kernel<T, Dq>, dq_smem, HeadDim, why, n)) return rc;
+    const int S = a->deterministic ? dq_splits<Cfg>(sh, why, n) : 1;
+    if (S < 0) return ATTN_CUDA_ERROR;
 
     const size_t rows = shape_rows(sh), elems = shape_elems(sh);
-    float *dQ_acc = (float *)a->work, *Dsum = dQ_acc + elems, *L2 = Dsum + rows; /* dQ_acc first: 16-byte aligned */
+    /* the workspace (workspace_bytes): S fp32 dQ accumulators first (16-byte aligned), then D, L */
+    float *dQ_acc = (float *)a->work, *Dsum = dQ_acc + S * elems, *L2 = Dsum + rows;
     const T *Q = (const T *)a->Q, *K = (const T *)a->K, *V = (const T *)a->V, *O = (const T *)a->O;
     const T *dO = (const T *)a->dO;
 
     stage10_preprocess_kernel<T, HeadDim><<<(unsigned)CEIL_DIV(rows, PRE_THREADS / (HeadDim / 8)), PRE_THREADS>>>(
         O, dO, a->L, Dsum, L2, a->deterministic ? NULL : dQ_acc, rows);
     CUDA_TRY(cudaGetLastError());
-    const dim3 kv_grid(CEIL_DIV(sh->N, Cfg::Bc), (unsigned)bh);
-    stage10_dkdv_kernel<T, Cfg><<<kv_grid, Cfg::KV_WARPS * WARP_SIZE, kv_smem>>>(
-        Q, K, V, dO, L2, Dsum, (T *)a->dK, (T *)a->dV, dQ_acc, sh->N, sh->causal, sh->scale, !a->deterministic);
+    if (splits)
+        stage10_dkdv_kernel<T, Cfg, true><<<dim3(S, (unsigned)bh), Cfg::KV_WARPS * WARP_SIZE, kv_smem>>>(
+            Q, K, V, dO, L2, Dsum, (T *)a->dK, (T *)a->dV, dQ_acc, sh->N, sh->causal, sh->scale, 1);
+    else
+        stage10_dkdv_kernel<T, Cfg, false><<<dim3(CEIL_DIV(sh->N, Cfg::Bc), (unsigned)bh), Cfg::KV_WARPS * WARP_SIZE,
+                                             kv_smem>>>(Q, K, V, dO, L2, Dsum, (T *)a->dK, (T *)a->dV, dQ_acc, sh->N,
+                                                        sh->causal, sh->scale, !a->deterministic);
     CUDA_TRY(cudaGetLastError());
-    if (a->deterministic) {
+    const unsigned convert_blocks = (unsigned)std::min<size_t>(CEIL_DIV(elems / 8, 256), 65535);
+    if (splits) {
+        stage10_convert_splits_kernel<T, Cfg><<<convert_blocks, 256>>>(dQ_acc, (T *)a->dQ, elems / 8, sh->scale, S,
+                                                                       sh->N, sh->causal);
+    } else if (dq_kernel) {
         stage10_dq_kernel<T, Dq><<<dim3(CEIL_DIV(sh->N, Dq::Br), (unsigned)bh), Dq::THREADS, dq_smem>>>(
             Q, K, V, dO, L2, Dsum, (T *)a->dQ, sh->N, sh->causal, sh->scale);
     } else {
-        stage10_convert_kernel<T><<<(unsigned)std::min<size_t>(CEIL_DIV(elems / 8, 256), 65535), 256>>>(
-            dQ_acc, (T *)a->dQ, elems / 8, sh->scale);
+        stage10_convert_kernel<T><<<convert_blocks, 256>>>(dQ_acc, (T *)a->dQ, elems / 8, sh->scale);
     }
     CUDA_TRY(cudaGetLastError());
     return 0;
@@ -841,6 +947,18 @@ int dispatch(const struct attn_args *a, char *why, size_t n)
     return with_tiles(a->sh.d, a->deterministic, gpu_smem_limit(), why, n, [&](auto cfg, auto dq) {
         return launch<T, decltype(cfg), decltype(dq)>(a, why, n);
     });
+}
+
+/* The workspace: the fp32 dQ accumulator (with --deterministic, one per split: dq_splits), then D
+ * and L * log2(e) (fp32, one each per row). */
+size_t workspace_bytes(const struct attn_args *a)
+{
+    const struct shape *sh = &a->sh;
+    char why[256];
+    const int S = !a->deterministic ? 1 : with_tiles(sh->d, 1, gpu_smem_limit(), why, sizeof why, [&](auto cfg, auto) {
+        return dq_splits<decltype(cfg)>(sh, why, sizeof why);
+    });
+    return 2 * shape_rows(sh) * sizeof(float) + (size_t)std::max(S, 1) * shape_elems(sh) * sizeof(float);
 }
 
 /* The backward's tiles where a block may have `limit` bytes: the dK/dV kernel's, and with

@@ -804,9 +804,9 @@ int section_heads(const struct choices *c, const struct shape *sh, int l2_bytes)
 
 /* The workspace: the counter the blocks take their work items from (the kernel's take_item), zero
  * when allocated (the harness zeroes a workspace once) and zero again after every call. */
-size_t workspace_bytes(const struct shape *sh)
+size_t workspace_bytes(const struct attn_args *a)
 {
-    (void)sh;
+    (void)a;
     return sizeof(unsigned);
 }
 

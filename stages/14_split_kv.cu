@@ -536,8 +536,9 @@ int kv_splits(const struct shape *sh)
 /* The workspace: with S > 1, each slice's O_s (fp32) and L_s for every row, then the merge's ticket
  * counter of every row tile, which must be zero when it is allocated (the harness zeroes a
  * workspace once); every call leaves them at zero again. */
-size_t workspace_bytes(const struct shape *sh)
+size_t workspace_bytes(const struct attn_args *a)
 {
+    const struct shape *sh = &a->sh;
     const int S = kv_splits(sh);
     const size_t row_tile_count = (size_t)sh->B * shape_kv_heads(sh) * row_tiles_of(sh);
     return S > 1 ? (size_t)S * shape_rows(sh) * (sh->d + 1) * sizeof(float) + row_tile_count * sizeof(unsigned) : 0;

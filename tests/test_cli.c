@@ -511,8 +511,8 @@ Test(cli, arch_stage_elsewhere_exits_3)
 }
 
 /* The backward's --save and --load: stage 10 saves its inputs, dO and gradients; a second run
- * loads q, k, v and do from there and, with --deterministic on both sides (no atomics: the same
- * bits every run), saves the very same gradients. At d = 32, whose --deterministic dQ kernel (49
+ * loads q, k, v and do from there and, with --deterministic on both sides (the same bits every
+ * run), saves the very same gradients. At d = 32, whose --deterministic dQ kernel (49
  * KiB) fits a T4's 64 KiB too; skipped with the stage's own line where the device allows less. */
 Test(cli, backward_save_then_load_round_trip)
 {

@@ -231,17 +231,18 @@ static void download(float *x, const struct dbuf *b, size_t n, enum dtype dt)
 }
 
 static void problem_init(struct gpu_problem *g, const struct stage *st, const struct shape *sh, enum dtype dt,
-                         const float *Q, const float *K, const float *V)
+                         int deterministic, const float *Q, const float *K, const float *V)
 {
     size_t n = shape_elems(sh), rows = shape_rows(sh), nkv = shape_kv_elems(sh); /* K, V: [B, H_kv, N_kv, d] */
     g->Q = upload(Q, n, dt), g->K = upload(K, nkv, dt), g->V = upload(V, nkv, dt);
     g->O = dbuf_alloc(n * dtype_size(dt));
     g->L = dbuf_alloc(rows * sizeof(float));
-    g->work = dbuf_alloc(st->workspace_bytes ? st->workspace_bytes(sh) : 0);
-    if (g->work.p) CUDA_CHECK(cudaMemset(g->work.p, 0, g->work.bytes));
     memset(&g->args, 0, sizeof g->args);
     g->args.sh = *sh;
     g->args.dtype = dt;
+    g->args.deterministic = deterministic;
+    g->work = dbuf_alloc(st->workspace_bytes ? st->workspace_bytes(&g->args) : 0);
+    if (g->work.p) CUDA_CHECK(cudaMemset(g->work.p, 0, g->work.bytes));
     g->args.Q = g->Q.p, g->args.K = g->K.p, g->args.V = g->V.p;
     g->args.O = g->O.p, g->args.L = (float *)g->L.p, g->args.work = g->work.p;
 }
@@ -304,7 +305,7 @@ extern "C" int gpu_forward_host(const struct stage *st, const struct shape *sh, 
     if (gpu_available(why, n) || gpu_arch_check(st->arch_sm, st->name, why, n)) return EXIT_NO_DEVICE;
     if (gpu_dtype_check(dt, st->name, why, n)) return EXIT_USAGE;
     struct gpu_problem g;
-    problem_init(&g, st, sh, dt, Q, K, V);
+    problem_init(&g, st, sh, dt, 0, Q, K, V);
     int rc = first_call(st, &g, why, n);
     if (!rc) rc = counts ? counted_run(st, &g, O, L, counts, why, n) : checked_run(st, &g, O, L, why, n);
     problem_free(&g);
@@ -363,7 +364,7 @@ extern "C" int gpu_run_stage(const struct stage *st, const struct opts *o, const
         return rc;
     }
     struct gpu_problem g;
-    problem_init(&g, st, &o->sh, o->dtype, Q, K, V);
+    problem_init(&g, st, &o->sh, o->dtype, 0, Q, K, V);
     r->extra_bytes = g.work.bytes;
     int rc = first_call(st, &g, why, sizeof why);
     if (!rc) rc = checked_run(st, &g, O, L, why, sizeof why); /* the checked run is the first warm-up */
@@ -401,14 +402,13 @@ static void bwd_init(struct gpu_bwd_problem *g, const struct stage *st, const st
                      int deterministic, const float *Q, const float *K, const float *V, const float *dO)
 {
     size_t n = shape_elems(sh);
-    problem_init(&g->f, st, sh, dt, Q, K, V);
+    problem_init(&g->f, st, sh, dt, deterministic, Q, K, V);
     g->dO = upload(dO, n, dt);
     g->dQ = dbuf_alloc(n * dtype_size(dt));
     g->dK = dbuf_alloc(n * dtype_size(dt));
     g->dV = dbuf_alloc(n * dtype_size(dt));
     g->f.args.dO = g->dO.p;
     g->f.args.dQ = g->dQ.p, g->f.args.dK = g->dK.p, g->f.args.dV = g->dV.p;
-    g->f.args.deterministic = deterministic;
 }
 
 static void bwd_free(struct gpu_bwd_problem *g)
