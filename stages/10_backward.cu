@@ -11,15 +11,16 @@
  *        dV_j += P_ij^T dO_i,  dP_ij = dO_i V_j^T,  dS_ij = P_ij * (dP_ij - D_i)
  *        dK_j += scale dS_ij^T Q_i,  dQ_i += scale dS_ij K_j   (fp32 atomics into HBM)
  *   3. stage10_convert_kernel: dQ from the fp32 accumulator to the input dtype.
- *   With --deterministic the adds into dQ are put in an order: a head's K/V tiles are cut into S
- *   splits (one wave of blocks: dq_splits), block s of a head takes its split's tiles one after
- *   the other and adds into an fp32 accumulator of its own, and stage10_convert_splits_kernel
- *   sums the S accumulators in order: the same bits on every run, for S - 1 more accumulators
- *   read (FlashAttention-2's deterministic mode). STAGE10_DQ_KERNEL=1 in the environment runs the
- *   earlier --deterministic instead, to time against: the dK/dV kernel skips dQ and
- *   stage10_dq_kernel computes it, parallel over Q tiles with dQ_i in registers, no atomics, at
- *   the price of recomputing S and dP once more; its three products all have queries for rows,
- *   so it is laid out and engineered as stage 9's forward (a warp owns whole rows, end to end).
+ *   With --deterministic (d <= 128) the adds into dQ are put in an order: a head's K/V tiles are
+ *   cut into S splits (one wave of blocks: dq_splits), block s of a head takes its split's tiles
+ *   one after the other and adds into an fp32 accumulator of its own, and
+ *   stage10_convert_splits_kernel sums the S accumulators in order: the same bits on every run,
+ *   for S - 1 more accumulators read (FlashAttention-2's deterministic mode). At d = 256, whose
+ *   K/V tiles are half as long (dq_kernel_for), the dK/dV kernel skips dQ and stage10_dq_kernel
+ *   computes it, parallel over Q tiles with dQ_i in registers, no atomics, at the price of
+ *   recomputing S and dP once more; its three products all have queries for rows, so it is laid
+ *   out and engineered as stage 9's forward (a warp owns whole rows, end to end).
+ *   STAGE10_DQ_KERNEL=1 or 0 in the environment takes one of the two at every d.
  * Why this shape: dK_j and dV_j sum over every query, dQ_i over every key; a block can own one of
  *   the two sums and must share the other. FA-2 owns dK, dV (two accumulators on chip) and adds
  *   dQ into HBM. P is recomputed from Q, K and L rather than stored: storing it is N^2 per head,
@@ -800,15 +801,20 @@ __global__ void stage10_convert_splits_kernel(const float *__restrict__ dQ_acc, 
 
 /* ---- launcher ---- */
 
-/* STAGE10_DQ_KERNEL=1 in the environment: --deterministic by the separate dQ kernel
- * (stage10_dq_kernel, parallel over Q tiles) instead of the splits, to time the two. */
-bool dq_kernel_chosen()
+/* How --deterministic computes dQ with dK/dV tiles Cfg (the rule): by the ordered splits where a
+ * K/V tile is 128 keys (d <= 128), by the separate dQ kernel (stage10_dq_kernel, parallel over Q
+ * tiles) where it is 64 (d = 256), whose adds per product are twice as many and whose splits
+ * measured +18 to +21% over the atomic path on the H200 against the dQ kernel's +7 to +13% (note
+ * 10, "The adds put in order"). STAGE10_DQ_KERNEL=1 (or 0) in the environment takes the dQ kernel
+ * (or the splits) at every d, to time the two. */
+template <class Cfg>
+bool dq_kernel_for(int deterministic)
 {
-    static const int chosen = [] {
+    static const int env = [] {
         const char *e = getenv("STAGE10_DQ_KERNEL");
-        return e && !strcmp(e, "1");
+        return e && !strcmp(e, "1") ? 1 : e && !strcmp(e, "0") ? 0 : -1;
     }();
-    return chosen;
+    return deterministic && (env >= 0 ? env == 1 : Cfg::Bc < 128);
 }
 
 /* --deterministic's splits of a head's K/V tiles (the rule): one wave of dK/dV blocks,
@@ -852,13 +858,13 @@ int launch(const struct attn_args *a, char *why, size_t n)
     }
     const size_t kv_smem = Cfg::smem_bytes, dq_smem = Dq::smem_bytes;
     /* --deterministic: the splits (stage10_dkdv_kernel<..., true>), or the dQ kernel where chosen */
-    const bool splits = a->deterministic && !dq_kernel_chosen(), dq_kernel = a->deterministic && !splits;
+    const bool dq_kernel = dq_kernel_for<Cfg>(a->deterministic), splits = a->deterministic && !dq_kernel;
     if (int rc = splits ? smem_optin(stage10_dkdv_kernel<T, Cfg, true>, kv_smem, HeadDim, why, n)
                         : smem_optin(stage10_dkdv_kernel<T, Cfg, false>, kv_smem, HeadDim, why, n))
         return rc;
     if (dq_kernel)
         if (int rc = smem_optin(stage10_dq_kernel<T, Dq>, dq_smem, HeadDim, why, n)) return rc;
-    const int S = a->deterministic ? dq_splits<Cfg>(sh, why, n) : 1;
+    const int S = splits ? dq_splits<Cfg>(sh, why, n) : 1;
     if (S < 0) return ATTN_CUDA_ERROR;
 
     const size_t rows = shape_rows(sh), elems = shape_elems(sh);
@@ -949,28 +955,31 @@ int dispatch(const struct attn_args *a, char *why, size_t n)
     });
 }
 
-/* The workspace: the fp32 dQ accumulator (with --deterministic, one per split: dq_splits), then D
- * and L * log2(e) (fp32, one each per row). */
+/* The workspace: the fp32 dQ accumulator (with --deterministic's splits, one per split:
+ * dq_splits), then D and L * log2(e) (fp32, one each per row). */
 size_t workspace_bytes(const struct attn_args *a)
 {
     const struct shape *sh = &a->sh;
     char why[256];
-    const int S = !a->deterministic ? 1 : with_tiles(sh->d, 1, gpu_smem_limit(), why, sizeof why, [&](auto cfg, auto) {
-        return dq_splits<decltype(cfg)>(sh, why, sizeof why);
+    const int S = with_tiles(sh->d, a->deterministic, gpu_smem_limit(), why, sizeof why, [&](auto cfg, auto) {
+        typedef decltype(cfg) Cfg;
+        return a->deterministic && !dq_kernel_for<Cfg>(1) ? dq_splits<Cfg>(sh, why, sizeof why) : 1;
     });
     return 2 * shape_rows(sh) * sizeof(float) + (size_t)std::max(S, 1) * shape_elems(sh) * sizeof(float);
 }
 
-/* The backward's tiles where a block may have `limit` bytes: the dK/dV kernel's, and with
- * --deterministic the dQ kernel's (the summary names them). */
+/* The backward's tiles where a block may have `limit` bytes: the dK/dV kernel's, and where
+ * --deterministic runs the dQ kernel its tiles (the summary names them). */
 int backward_tiles(const struct attn_args *a, size_t limit, struct tile_config *c)
 {
     return with_tiles(a->sh.d, a->deterministic, limit, c->text, sizeof c->text, [&](auto cfg, auto dq) {
         typedef decltype(cfg) Cfg;
         typedef decltype(dq) Dq;
+        const bool dq_kernel = dq_kernel_for<Cfg>(a->deterministic);
         char dq_words[64] = "";
-        if (a->deterministic) snprintf(dq_words, sizeof dq_words, "; dQ Br=%d Bc=%d, %d warps", Dq::Br, Dq::Bc, Dq::WARPS);
-        const size_t bytes = a->deterministic ? std::max(Dq::smem_bytes, Cfg::smem_bytes) : Cfg::smem_bytes;
+        if (dq_kernel) snprintf(dq_words, sizeof dq_words, "; dQ Br=%d Bc=%d, %d warps", Dq::Br, Dq::Bc, Dq::WARPS);
+        else if (a->deterministic) snprintf(dq_words, sizeof dq_words, "; dQ by ordered splits");
+        const size_t bytes = dq_kernel ? std::max(Dq::smem_bytes, Cfg::smem_bytes) : Cfg::smem_bytes;
         return tiles_found(c, Cfg::Br, Cfg::Bc, bytes, "dK/dV Br=%d Bc=%d, %d warps%s", Cfg::Br, Cfg::Bc,
                            Cfg::KV_WARPS, dq_words);
     });
