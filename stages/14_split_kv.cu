@@ -47,6 +47,8 @@
 #include <cuda_fp16.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <vector>
 
 namespace {
 
@@ -64,13 +66,46 @@ constexpr int MAX_SPLITS = 1024;
 /* The merge's loads of partial rows O_s kept in flight per thread (unrolled): they come from L2,
  * a few hundred cycles each, and the merge is the tail of the kernel, nothing to overlap it. At
  * B = 1, N_kv = 16k a thread sums 32 slices, so 8 in flight are four L2 round trips one after the
- * other; nvcc -DSTAGE14_MERGE_UNROLL=16 or 32 builds the ones to time against it (not yet measured:
- * note 14). */
+ * other; nvcc -DSTAGE14_MERGE_UNROLL=16 or 32 builds the ones to time against it. Measured on the
+ * H200 (note 14): 16 and 32 both about 0.5 us less there (24.5 -> 24.0 us), a quarter of what was
+ * predicted; the default stays 8 until the suite has run a build of 16. */
 #ifndef STAGE14_MERGE_UNROLL
 #define STAGE14_MERGE_UNROLL 8
 #endif
 constexpr int MERGE_UNROLL = STAGE14_MERGE_UNROLL;
 static_assert(MERGE_UNROLL >= 1, "at least one load in flight");
+
+/* The per-block timeline, a build of its own (nvcc -DSTAGE14_TIMELINE=1; the default build has
+ * none of it): thread 0 of every block stamps the GPU's nanosecond clock (%globaltimer, one clock
+ * for all SMs) at the block's start, when its first K/V tile has landed, at the loop's end, when
+ * its partials are written and fenced (or, with one slice, O), and when it leaves (the last block
+ * of a row tile after the merge), and notes its SM. At the program's end the last launch's stamps
+ * are summarized on stderr (timeline_report), and written to the file STAGE14_TIMELINE_CSV names,
+ * a row per block, for a plot (note 14, "What is next"). */
+#ifndef STAGE14_TIMELINE
+#define STAGE14_TIMELINE 0
+#endif
+enum { TL_START, TL_FIRST_TILE, TL_LOOP_END, TL_PARTIALS, TL_END, TL_EVENTS };
+#if STAGE14_TIMELINE
+constexpr int TL_MAX_BLOCKS = 16384; /* blocks past these are not stamped */
+__device__ unsigned long long tl_stamps[TL_MAX_BLOCKS][TL_EVENTS + 1]; /* + the block's SM */
+__device__ __forceinline__ void tl_stamp(int event)
+{
+    const unsigned b = blockIdx.y * gridDim.x + blockIdx.x;
+    if (threadIdx.x != 0 || b >= TL_MAX_BLOCKS) return;
+    unsigned long long now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    tl_stamps[b][event] = now;
+    if (event == TL_START) { /* this launch's: no stamp left from the last one */
+        unsigned sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        tl_stamps[b][TL_EVENTS] = sm;
+        for (int e = TL_START + 1; e < TL_EVENTS; e++) tl_stamps[b][e] = 0;
+    }
+}
+#else
+__device__ __forceinline__ void tl_stamp(int) {}
+#endif
 
 /* The most slices, from MAX_SPLITS down by halves, whose merge (a weight per slice and row, then
  * each row's m and 1 / l) fits in ring_bytes of shared memory. */
@@ -223,6 +258,7 @@ stage14_split_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
                      float scale_log2, int row_tiles)
 {
     typedef mma16<T> M;
+    tl_stamp(TL_START);
     constexpr int HeadDim = Tiles::HeadDim, NTHREADS = Tiles::NTHREADS, Bc = Tiles::Bc, KW = Tiles::KEYS_PER_WARP;
     constexpr int STAGES = Tiles::STAGES;
     constexpr int KT = KW / 8;      /* key tiles: n8 tiles of S_ij in this warp's keys of a tile */
@@ -301,6 +337,7 @@ stage14_split_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
         cp_async_wait<STAGES - 2>();
         __syncthreads(); /* tile j in shared memory for every warp; every warp is done with tile j-1,
                           * whose buffer the copy below takes */
+        if (STAGE14_TIMELINE && step == 0) tl_stamp(TL_FIRST_TILE);
         if (j + STAGES - 1 < j_end) { /* tile j + STAGES - 1 copies while tile j computes */
             const int buf = (step + STAGES - 1) % STAGES;
             kv_loader.load(K_ring + buf * Bc * HeadDim, K, (j + STAGES - 1) * Bc, N_kv);
@@ -385,6 +422,7 @@ stage14_split_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
      * Through shared memory, over the K/V ring. */
     cp_async_wait<0>(); /* (only empty groups can be left) */
     __syncthreads();    /* every warp is done with the ring: the merge buffers overwrite it */
+    tl_stamp(TL_LOOP_END);
     float *O_w = (float *)(smem + Tiles::merge_O), *m_w = (float *)(smem + Tiles::merge_m);
     float *l_w = (float *)(smem + Tiles::merge_l);
 #pragma unroll
@@ -438,7 +476,10 @@ stage14_split_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
             if (col == 0) L_part[(size_t)s * rows_all + row] = lse;
         }
     }
-    if (final) return;
+    if (final) {
+        tl_stamp(TL_PARTIALS), tl_stamp(TL_END); /* (thread 0's own stores: the block's may still run) */
+        return;
+    }
 
     /* The last block of the row tile merges. Why it may read the other slices' partials (the
      * "last block" pattern of the CUDA samples' threadFenceReduction, with every thread a writer):
@@ -456,14 +497,22 @@ stage14_split_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
      * waits, and any number of slices works whatever fits on the GPU at once. */
     __threadfence();  /* this thread's partials visible to the whole GPU before the ticket */
     __syncthreads();  /* every thread's stores and fence done; the merge below reuses the smem too */
+    tl_stamp(TL_PARTIALS);
     bool last = false;
     if (tid == 0) {
         last = atomicInc(&tickets[blockIdx.x], S - 1) == (unsigned)(S - 1);
         if (last) __threadfence(); /* the other blocks' partials read after the ticket that says
                                     * they are written */
     }
-    if (!__syncthreads_or(last)) return; /* (a barrier: thread 0's ticket for the whole block) */
+    if (!__syncthreads_or(last)) { /* (a barrier: thread 0's ticket for the whole block) */
+        tl_stamp(TL_END);
+        return;
+    }
     merge_slices<T, Tiles>(O_part, L_part, O, L, rows_all, group_row0 + r0, min(Br, M_rows - r0), S, smem);
+    if (STAGE14_TIMELINE) {
+        __syncthreads(); /* every thread's part of the merge issued */
+        tl_stamp(TL_END);
+    }
 }
 
 /* ---- launcher ---- */
@@ -555,6 +604,80 @@ int splits_refused(int S, char *why, size_t n)
     return ATTN_UNSUPPORTED;
 }
 
+#if STAGE14_TIMELINE
+/* The last launch's grid, and at the program's end its timeline (the stamps above): per event the
+ * first, median, 90th-percentile and last block, in microseconds after the first block started;
+ * the blocks' own durations; how many blocks each SM ran; with STAGE14_TIMELINE_CSV=path, a row
+ * per block. */
+unsigned tl_grid_x, tl_grid_y;
+void timeline_report()
+{
+    const unsigned blocks = std::min<unsigned>(tl_grid_x * tl_grid_y, TL_MAX_BLOCKS), W = TL_EVENTS + 1;
+    std::vector<unsigned long long> st((size_t)blocks * W);
+    if (!blocks || cudaMemcpyFromSymbol(st.data(), tl_stamps, st.size() * sizeof st[0]) != cudaSuccess) {
+        fprintf(stderr, "stage14 timeline: no stamps to read (%s)\n", cudaGetErrorString(cudaGetLastError()));
+        return;
+    }
+    unsigned long long t0 = ~0ULL;
+    for (unsigned b = 0; b < blocks; b++) t0 = std::min(t0, st[(size_t)b * W + TL_START]);
+    auto us = [&](unsigned b, int e) { return (st[(size_t)b * W + e] - t0) / 1000.0; };
+    static const char *const names[TL_EVENTS] = {"start", "first K/V tile landed", "loop end",
+                                                 "partials written, fenced", "end"};
+    fprintf(stderr, "stage14 timeline of the last launch: %u blocks (%u x %u), us after the first block's start\n",
+            blocks, tl_grid_x, tl_grid_y);
+    fprintf(stderr, "  %-26s %8s %8s %8s %8s %7s\n", "event", "first", "median", "90%", "last", "blocks");
+    std::vector<double> v;
+    auto row = [&](const char *name) {
+        std::sort(v.begin(), v.end());
+        if (v.empty()) return;
+        fprintf(stderr, "  %-26s %8.2f %8.2f %8.2f %8.2f %7zu\n", name, v.front(), v[v.size() / 2],
+                v[std::min(v.size() - 1, v.size() * 9 / 10)], v.back(), v.size());
+    };
+    for (int e = 0; e < TL_EVENTS; e++) {
+        v.clear();
+        for (unsigned b = 0; b < blocks; b++)
+            if (st[(size_t)b * W + e]) v.push_back(us(b, e));
+        row(names[e]);
+    }
+    v.clear();
+    for (unsigned b = 0; b < blocks; b++)
+        if (st[(size_t)b * W + TL_END]) v.push_back(us(b, TL_END) - us(b, TL_START));
+    row("a block's own time");
+    std::vector<int> per_sm;
+    for (unsigned b = 0; b < blocks; b++) {
+        const unsigned sm = (unsigned)st[(size_t)b * W + TL_EVENTS];
+        if (sm >= per_sm.size()) per_sm.resize(sm + 1, 0);
+        per_sm[sm]++;
+    }
+    std::vector<int> hist;
+    for (int c : per_sm) {
+        if ((size_t)c >= hist.size()) hist.resize(c + 1, 0);
+        hist[c]++;
+    }
+    fprintf(stderr, "  SMs by blocks run:");
+    for (size_t c = 0; c < hist.size(); c++)
+        if (hist[c]) fprintf(stderr, " %d SMs ran %zu", hist[c], c);
+    fprintf(stderr, "\n");
+    if (const char *path = getenv("STAGE14_TIMELINE_CSV")) {
+        FILE *f = fopen(path, "w");
+        if (!f) {
+            fprintf(stderr, "stage14 timeline: cannot write %s\n", path);
+            return;
+        }
+        fprintf(f, "block,x,y,sm,start_us,first_tile_us,loop_end_us,partials_us,end_us\n");
+        for (unsigned b = 0; b < blocks; b++) {
+            fprintf(f, "%u,%u,%u,%llu", b, b % tl_grid_x, b / tl_grid_x, st[(size_t)b * W + TL_EVENTS]);
+            for (int e = 0; e < TL_EVENTS; e++) {
+                if (st[(size_t)b * W + e]) fprintf(f, ",%.3f", us(b, e));
+                else fprintf(f, ",");
+            }
+            fprintf(f, "\n");
+        }
+        fclose(f);
+    }
+}
+#endif
+
 template <typename T, class Tiles>
 int launch(const struct attn_args *a, char *why, size_t n)
 {
@@ -584,6 +707,11 @@ int launch(const struct attn_args *a, char *why, size_t n)
         tickets = (unsigned *)(L_part + (size_t)S * rows);
     }
     const float scale_log2 = sh->scale * LOG2E;
+#if STAGE14_TIMELINE
+    static const bool reported = !atexit(timeline_report);
+    (void)reported;
+    tl_grid_x = (unsigned)blocks, tl_grid_y = (unsigned)S;
+#endif
     /* (batch, KV head, row tile) in x, the slice in y (S <= 1024, under y's 65535) */
     stage14_split_kernel<T, Tiles><<<dim3((unsigned)blocks, (unsigned)S), Tiles::NTHREADS, Tiles::smem_bytes>>>(
         (const T *)a->Q, (const T *)a->K, (const T *)a->V, (T *)a->O, a->L, O_part, L_part, tickets, sh->B, sh->H,
