@@ -380,19 +380,19 @@ stage10_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *_
             auto product = [&](float C[KEY_TILES_A][QUERY_TILES_A][4], unsigned A_at, unsigned B_at) {
                 /* UNROLL_A k16 steps at a time, each fragment a compile-time step from A_at, B_at, which
                  * then move on by 2 UNROLL_A chunks: whole 128-byte lines, a plain add */
-    #pragma unroll 1
+#pragma unroll 1
                 for (int k0 = 0; k0 < HeadDim; k0 += 16 * UNROLL_A) {
-    #pragma unroll
+#pragma unroll
                     for (int k = 0; k < 16 * UNROLL_A; k += 16) {
                         uint32_t Af[KEY_TILES_A][4];
-    #pragma unroll
+#pragma unroll
                         for (int m = 0; m < KEY_TILES_A; m++)
                             ldmatrix_x4_at(Af[m], swizzle_step<HeadDim>(A_at, 16 * m, k / 8));
-    #pragma unroll
+#pragma unroll
                         for (int qb = 0; qb < QUERY_TILES_A / 2; qb++) {
                             uint32_t Bf[4];
                             ldmatrix_x4_at(Bf, swizzle_step<HeadDim>(B_at, 16 * qb, k / 8));
-    #pragma unroll
+#pragma unroll
                             for (int m = 0; m < KEY_TILES_A; m++) {
                                 M::mma(C[m][2 * qb], Af[m], &Bf[0]);
                                 M::mma(C[m][2 * qb + 1], Af[m], &Bf[2]);
@@ -413,15 +413,15 @@ stage10_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *_
              * causal; then a score costs one compare with a constant. */
             const int key_w = j * Bc + keyA, q_w = i * Br + qA; /* this warp's first key and query */
             if (key_w + KEYS_PER_WARP_A > N || (causal && key_w + KEYS_PER_WARP_A - 1 > q_w)) {
-    #pragma unroll
+#pragma unroll
                 for (int m = 0; m < KEY_TILES_A; m++)
-    #pragma unroll
+#pragma unroll
                     for (int h = 0; h < 2; h++) {
                         const int key = key_w + g + 16 * m + 8 * h;
                         const int first = key >= N ? INT_MAX : causal ? key - (q_w + 2 * t) : INT_MIN;
-    #pragma unroll
+#pragma unroll
                         for (int nt = 0; nt < QUERY_TILES_A; nt++)
-    #pragma unroll
+#pragma unroll
                             for (int e = 0; e < 2; e++)
                                 if (8 * nt + e < first) ST[m][nt][2 * h + e] = -INFINITY;
                     }
@@ -429,20 +429,20 @@ stage10_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *_
             /* P^T = exp2(scale log2e S^T - L log2e) and dS^T = P^T (dP^T - D), both to shared memory in
              * 16-bit. A masked score gives exp2(-inf) = 0 (L is finite on every row: a row past N reads
              * L = 0), and dS^T = 0 with it. */
-    #pragma unroll
+#pragma unroll
             for (int nt = 0; nt < QUERY_TILES_A; nt++) {
                 /* this lane's two queries: their L and D read once, for all its keys */
                 const int ql = qA + nt * 8 + 2 * t;
                 const float2 Lq = *(const float2 *)&L_i[ql], Dq = *(const float2 *)&D_i[ql];
-    #pragma unroll
+#pragma unroll
                 for (int m = 0; m < KEY_TILES_A; m++) {
                     float p[4], ds[4];
-    #pragma unroll
+#pragma unroll
                     for (int c = 0; c < 4; c++) {
                         p[c] = exp2_approx(fmaf(ST[m][nt][c], scale_log2, -((c & 1) ? Lq.y : Lq.x)));
                         ds[c] = p[c] * (dPT[m][nt][c] - ((c & 1) ? Dq.y : Dq.x));
                     }
-    #pragma unroll
+#pragma unroll
                     for (int h = 0; h < 2; h++) {
                         const int at = swizzle<Br>(keyA + 16 * m + g + 8 * h, qA / 8 + nt) + 2 * t;
                         *(uint32_t *)&PT_s[at] = M::pack(p[2 * h], p[2 * h + 1]);
@@ -453,20 +453,20 @@ stage10_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *_
             __syncthreads(); /* P^T and dS^T of all Bc keys x Br queries in shared memory */
 
             /* B. dV += P^T dO_i, dK += dS^T Q_i for 32 keys x COLS_PER_WARP_B columns, over the Br queries */
-    #pragma unroll
+#pragma unroll
             for (int qk = 0; qk < Br; qk += 16) {
                 uint32_t Pa[2][4], dSa[2][4];
-    #pragma unroll
+#pragma unroll
                 for (int m = 0; m < 2; m++) {
                     ldmatrix_x4_at(Pa[m], swizzle_step<Br>(PT_B, 16 * m, qk / 8));
                     ldmatrix_x4_at(dSa[m], swizzle_step<Br>(PT_B, 16 * m, qk / 8) + dS_OFF);
                 }
-    #pragma unroll
+#pragma unroll
                 for (int n = 0; n < COLS_PER_WARP_B; n += 16) {
                     uint32_t dOf[4], Qf[4];
                     ldmatrix_x4_trans_at(dOf, swizzle_step<HeadDim>(Q_B, qk, n / 8) + buf + dO_OFF);
                     ldmatrix_x4_trans_at(Qf, swizzle_step<HeadDim>(Q_B, qk, n / 8) + buf);
-    #pragma unroll
+#pragma unroll
                     for (int m = 0; m < 2; m++) {
                         M::mma(dV_acc[m][n / 8], Pa[m], &dOf[0]);
                         M::mma(dV_acc[m][n / 8 + 1], Pa[m], &dOf[2]);
@@ -480,16 +480,16 @@ stage10_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *_
             /* C. dQ_i += dS K_j for 32 queries x COLS_PER_WARP_C columns, over the Bc keys; fp32 atomics
              * into HBM */
             float dQ_part[2][COLS_PER_WARP_C / 8][4] = {};
-    #pragma unroll
+#pragma unroll
             for (int kb = 0; kb < Bc; kb += 16) {
                 uint32_t dSa[2][4]; /* A = dS (queries x keys) = the stored dS^T, transposed */
-    #pragma unroll
+#pragma unroll
                 for (int m = 0; m < 2; m++) ldmatrix_x4_trans_at(dSa[m], swizzle_step<Br>(dST_C, kb, 2 * m));
-    #pragma unroll
+#pragma unroll
                 for (int n = 0; n < COLS_PER_WARP_C; n += 16) {
                     uint32_t Kf[4];
                     ldmatrix_x4_trans_at(Kf, swizzle_step<HeadDim>(K_C, kb, n / 8));
-    #pragma unroll
+#pragma unroll
                     for (int m = 0; m < 2; m++) {
                         M::mma(dQ_part[m][n / 8], dSa[m], &Kf[0]);
                         M::mma(dQ_part[m][n / 8 + 1], dSa[m], &Kf[2]);
@@ -501,12 +501,12 @@ stage10_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *_
             const int q_C = i * Br + qC + g;
             float *dQ_C = dQ_dst + head + (size_t)q_C * HeadDim + colC + 2 * t;
             auto add_dQ = [&](bool tail) {
-    #pragma unroll
+#pragma unroll
                 for (int m = 0; m < 2; m++)
-    #pragma unroll
+#pragma unroll
                     for (int h = 0; h < 2; h++) {
                         if (tail && q_C + 16 * m + 8 * h >= N) continue;
-    #pragma unroll
+#pragma unroll
                         for (int nt = 0; nt < COLS_PER_WARP_C / 8; nt++) {
                             float *at = dQ_C + (16 * m + 8 * h) * HeadDim + nt * 8;
                             if (SPLITS && store_dq)
@@ -521,13 +521,13 @@ stage10_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *_
         }
 
         /* dK_j = scale dS^T Q, dV_j = P^T dO: phase B's 32 keys x COLS_PER_WARP_B, to HBM in the input dtype */
-    #pragma unroll
+#pragma unroll
         for (int m = 0; m < 2; m++)
-    #pragma unroll
+#pragma unroll
             for (int h = 0; h < 2; h++) {
                 const int key = j * Bc + keyB + 16 * m + g + 8 * h;
                 if (key >= N) continue;
-    #pragma unroll
+#pragma unroll
                 for (int nt = 0; nt < COLS_PER_WARP_B / 8; nt++) {
                     const size_t at = head + (size_t)key * HeadDim + colB + nt * 8 + 2 * t;
                     *(uint32_t *)&dK[at] = M::pack(scale * dK_acc[m][nt][2 * h], scale * dK_acc[m][nt][2 * h + 1]);
