@@ -67,7 +67,7 @@ constexpr int MAX_SPLITS = 1024;
  * a few hundred cycles each, and the merge is the tail of the kernel, nothing to overlap it. At
  * B = 1, N_kv = 16k a thread sums 32 slices, so 8 in flight are four L2 round trips one after the
  * other; nvcc -DSTAGE14_MERGE_UNROLL=16 or 32 builds the ones to time against it. Measured on the
- * H200 (note 14): 16 and 32 both about 0.5 us less there (24.5 -> 24.0 us), a quarter of what was
+ * H200 (note 14): 16 and 32 both about 0.5 us less there (24.5 -> 24.0 us), half of what was
  * predicted; the default stays 8 until the suite has run a build of 16. */
 #ifndef STAGE14_MERGE_UNROLL
 #define STAGE14_MERGE_UNROLL 8
@@ -477,7 +477,7 @@ stage14_split_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
         }
     }
     if (final) {
-        tl_stamp(TL_PARTIALS), tl_stamp(TL_END); /* (thread 0's own stores: the block's may still run) */
+        tl_stamp(TL_PARTIALS), tl_stamp(TL_END); /* (thread 0's part of O written; the others' may not be) */
         return;
     }
 
