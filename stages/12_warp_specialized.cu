@@ -90,6 +90,15 @@ namespace {
 #ifndef STAGE12_D64_WG3
 #define STAGE12_D64_WG3 1
 #endif
+/* STAGE12_D128_WG3=1 (nvcc -D, a build to time against this one; not yet measured): three consumer
+ * warpgroups at d = 128 too, Br = 192, the consumers 160 registers each (O 64 + S 64 + P 32: ptxas
+ * spills 8 bytes), Q_i 48 KiB and a ring of two stages, 176 KiB (three do not fit). Each K/V tile
+ * then serves 192 query rows, as at d = 64, where it measured 1.096x over the grid's d = 64
+ * points; the price is the shallower ring and a Q tile that fits N = 1024 less well (6 tiles,
+ * the last a third full). */
+#ifndef STAGE12_D128_WG3
+#define STAGE12_D128_WG3 0
+#endif
 constexpr int WARPGROUP = 4 * WARP_SIZE; /* threads that issue one wgmma together */
 constexpr int PRODUCER_REGS = 24; /* setmaxnreg, per thread (above); the consumers' share: tiles */
 constexpr size_t SMEM_MAX = 227 * 1024; /* the shared memory a block may have on an H100 or H200 */
@@ -98,7 +107,8 @@ struct cfg;
 template <>
 struct cfg<64> { static constexpr int Bc = 128, STAGES = 4, TURNED = 1, NWARPGROUPS = STAGE12_D64_WG3 ? 3 : 2; }; /* O 32 + S 64 + P 32 */
 template <>
-struct cfg<128> { static constexpr int Bc = 128, STAGES = 3, TURNED = 0, NWARPGROUPS = 2; };  /* O 64 + S 64 + P 32 */
+struct cfg<128> { static constexpr int Bc = 128, STAGES = STAGE12_D128_WG3 ? 2 : 3, TURNED = 0,
+                  NWARPGROUPS = STAGE12_D128_WG3 ? 3 : 2; };  /* O 64 + S 64 + P 32 */
 template <>
 struct cfg<256> { static constexpr int Bc = 64, STAGES = 2, TURNED = 0, NWARPGROUPS = 2; }; /* O 128 + S 32 + P 16 */
 
