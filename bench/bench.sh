@@ -14,7 +14,8 @@
 # header above its row; the header goes to the file (checked against the one there) and to
 # torch_sdpa.py, which fills the same columns by name.
 # Environment: STAGES ("stage4 stage5 ..."), SEQLENS, DIMS, DTYPES, WARMUP, ITERS; CAP_stageN=8192 caps
-# a slow stage's N (say why in its note); FA_COMMIT names the commit in the CSV.
+# a slow stage's N (say why in its note); FA_COMMIT names the commit in the CSV; TORCH=0 leaves out
+# torch's rows and the matmul (the stages alone, against each other).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/csv.sh
@@ -23,6 +24,7 @@ SEQLENS=${SEQLENS:-"512 1024 2048 4096 8192 16384"}
 DIMS=${DIMS:-"64 128"}
 DTYPES=${DTYPES:-fp16}
 WARMUP=${WARMUP:-3}
+TORCH=${TORCH:-1}
 ITERS=${ITERS:-10}
 export FA_COMMIT=${FA_COMMIT:-unknown}
 
@@ -89,7 +91,9 @@ if [ -z "$header" ]; then
   echo "bench: no stage printed a row (so no header either): no torch rows, nothing written" >&2
   exit 1
 fi
-if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+if [ "$TORCH" = 0 ]; then
+  echo "bench: TORCH=0: no torch-flash / torch-cudnn rows and no matmul this run" >&2
+elif python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
   # in the background, so that a stop reaches the trap at once (it stops torch and keeps its rows)
   python3 -u bench/torch_sdpa.py --columns "$header" --seqlens $SEQLENS --dims $DIMS --dtypes $DTYPES --warmup "$WARMUP" --iters "$ITERS" >> "$rows" &
   torch_pid=$!
