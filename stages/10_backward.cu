@@ -821,7 +821,9 @@ bool dq_kernel_for(int deterministic)
  *   S = min(Tc, max(1, floor(resident blocks / (B * H)))),
  * resident blocks = SMs x the blocks of the kernel an SM holds (the occupancy API; one on an H100
  * or H200 at every d). Every block of the grid then runs from the start to the end, and S
- * accumulators of dQ (fp32, S x B x H x N x d) are what the order costs in memory. */
+ * accumulators of dQ (fp32, S x B x H x N x d) are what the order costs in memory.
+ * STAGE10_DQ_SPLITS=k in the environment takes at most k: with 1, every block sweeps all of its
+ * head's tiles, so that a small shape under compute-sanitizer runs the loop over tiles (note 10). */
 template <class Cfg>
 int dq_splits(const struct shape *sh, char *why, size_t n)
 {
@@ -839,8 +841,13 @@ int dq_splits(const struct shape *sh, char *why, size_t n)
         }
         slots = sms * std::max(per_sm, 1);
     }
+    static const long long most = [] {
+        const char *e = getenv("STAGE10_DQ_SPLITS");
+        const long long k = e ? atoll(e) : 0;
+        return k >= 1 ? k : LLONG_MAX;
+    }();
     const long long bh = (long long)sh->B * sh->H, Tc = CEIL_DIV(sh->N, Cfg::Bc);
-    return (int)std::min(Tc, std::max(1LL, slots / bh));
+    return (int)std::min({Tc, std::max(1LL, slots / bh), most});
 }
 
 
