@@ -4,6 +4,8 @@
  *                             against the fp64 oracle's backward, on small shapes.
  * oracle::finite_differences  the oracle's backward against central differences of the
  *                             oracle's forward: the one check that does not trust the formula.
+ * oracle::backward_head       oracle_backward_head (blocked, for the harness's large shapes)
+ *                             against oracle_backward head by head: the same sums, another order.
  * Stage 1's forward answers to the oracle in test_stages.c (stages::vs_stage1 and stages::x50:
  * for stage 1 the reference is the oracle), over the whole grid.
  */
@@ -148,4 +150,52 @@ ParameterizedTest(struct shape *sh, oracle, finite_differences)
     }
     for (int t = 0; t < 3; t++) free(X[t]), free(grad[t]);
     free(dO);
+}
+
+/* ---- the blocked backward of one head against the plain one ---- */
+
+/* oracle_backward_head adds the same terms as oracle_backward in another order (blocks of 32
+ * queries and keys, the forward by the online softmax), so in fp64 they agree to rounding: 1e-12
+ * of the largest gradient element allows for sums over 1000 keys of terms up to that size, each
+ * rounding at 1.1e-16, with two orders of magnitude to spare; a wrong term (a block masked one key
+ * off, a lost block) is far larger. Shapes across the block size: N = 1, 31, 32, 33, 100, 1000;
+ * several heads, so that a head's offsets are exercised. */
+ParameterizedTestParameters(oracle, backward_head)
+{
+    static const int shapes[][4] = {{1, 1, 1, 64}, {1, 2, 31, 32}, {2, 1, 32, 64}, {1, 3, 33, 128},
+                                    {2, 2, 100, 64}, {1, 1, 1000, 32}};
+    size_t count = 0;
+    struct shape *p = cr_malloc(2 * TEST_COUNT(shapes) * sizeof *p);
+    for (size_t k = 0; k < TEST_COUNT(shapes); k++)
+        for (int causal = 0; causal < 2; causal++)
+            p[count++] = test_shape(shapes[k][0], shapes[k][1], shapes[k][2], shapes[k][3], causal);
+    return cr_make_param_array(struct shape, p, count, test_free_params);
+}
+
+ParameterizedTest(struct shape *sh, oracle, backward_head)
+{
+    char label[160];
+    snprintf(label, sizeof label, "oracle_backward_head B=%d H=%d N=%d d=%d %s", sh->B, sh->H, sh->N, sh->d,
+             sh->causal ? "causal" : "full");
+    const size_t n = shape_elems(sh), nd = (size_t)sh->N * sh->d;
+    float *Q = test_floats(n), *K = test_floats(n), *V = test_floats(n), *dO = test_floats(n);
+    make_inputs(sh, test_seed(sh), 1, DT_F32, Q, K, V);
+    fill_uniform(dO, n, test_seed(sh) + 99, 1, DT_F32);
+    double *want[3] = {test_doubles(n), test_doubles(n), test_doubles(n)};
+    oracle_backward(sh, Q, K, V, dO, want[0], want[1], want[2]);
+    const double tol = 1e-12 * test_max_abs3(want, n);
+    double *got[3] = {test_doubles(nd), test_doubles(nd), test_doubles(nd)};
+    static const char *names[3] = {"dQ", "dK", "dV"};
+    for (int b = 0; b < sh->B; b++)
+        for (int h = 0; h < sh->H; h++) {
+            oracle_backward_head(sh, Q, K, V, dO, b, h, got[0], got[1], got[2]);
+            for (int t = 0; t < 3; t++)
+                for (size_t k = 0; k < nd; k++) {
+                    const double w = want[t][idx4(sh, b, h, 0, 0) + k];
+                    cr_assert(fabs(got[t][k] - w) <= tol, "%s: %s of head (%d, %d), element %zu: %.17g, plain %.17g (tolerance %.3g)",
+                              label, names[t], b, h, k, got[t][k], w, tol);
+                }
+        }
+    for (int t = 0; t < 3; t++) free(got[t]), free(want[t]);
+    free(Q), free(K), free(V), free(dO);
 }
