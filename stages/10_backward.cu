@@ -829,17 +829,10 @@ int dq_splits(const struct shape *sh, char *why, size_t n)
 {
     static int slots = 0;
     if (!slots) {
-        if (smem_optin(stage10_dkdv_kernel<__half, Cfg, true>, Cfg::smem_bytes, Cfg::HeadDim, why, n)) return -1;
-        int dev = 0, sms = 0, per_sm = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, stage10_dkdv_kernel<__half, Cfg, true>,
-                                                          Cfg::KV_WARPS * WARP_SIZE, Cfg::smem_bytes) != cudaSuccess) {
-            snprintf(why, n, "cannot ask the device for its SMs and the kernel's occupancy: %s",
-                     cudaGetErrorString(cudaGetLastError()));
-            return -1;
-        }
-        slots = sms * std::max(per_sm, 1);
+        const int r = resident_blocks_of(stage10_dkdv_kernel<__half, Cfg, true>, Cfg::KV_WARPS * WARP_SIZE,
+                                         Cfg::smem_bytes, Cfg::HeadDim, why, n);
+        if (r < 0) return -1;
+        slots = r;
     }
     static const long long most = [] {
         const char *e = getenv("STAGE10_DQ_SPLITS");
@@ -848,6 +841,15 @@ int dq_splits(const struct shape *sh, char *why, size_t n)
     }();
     const long long bh = (long long)sh->B * sh->H, Tc = CEIL_DIV(sh->N, Cfg::Bc);
     return (int)std::min({Tc, std::max(1LL, slots / bh), most});
+}
+
+/* The fp32 dQ accumulators a call takes, first in the workspace (workspace_bytes): one per split
+ * with --deterministic's splits, else one (the atomic path's; the dQ kernel's call leaves it
+ * unused). -1 where the device cannot be asked. */
+template <class Cfg>
+int dq_accumulators(const struct attn_args *a, char *why, size_t n)
+{
+    return a->deterministic && !dq_kernel_for<Cfg>(1) ? dq_splits<Cfg>(&a->sh, why, n) : 1;
 }
 
 
@@ -871,7 +873,7 @@ int launch(const struct attn_args *a, char *why, size_t n)
         return rc;
     if (dq_kernel)
         if (int rc = smem_optin(stage10_dq_kernel<T, Dq>, dq_smem, HeadDim, why, n)) return rc;
-    const int S = splits ? dq_splits<Cfg>(sh, why, n) : 1;
+    const int S = dq_accumulators<Cfg>(a, why, n);
     if (S < 0) return ATTN_CUDA_ERROR;
 
     const size_t rows = shape_rows(sh), elems = shape_elems(sh);
@@ -968,10 +970,8 @@ size_t workspace_bytes(const struct attn_args *a)
 {
     const struct shape *sh = &a->sh;
     char why[256];
-    const int S = with_tiles(sh->d, a->deterministic, gpu_smem_limit(), why, sizeof why, [&](auto cfg, auto) {
-        typedef decltype(cfg) Cfg;
-        return a->deterministic && !dq_kernel_for<Cfg>(1) ? dq_splits<Cfg>(sh, why, sizeof why) : 1;
-    });
+    const int S = with_tiles(sh->d, a->deterministic, gpu_smem_limit(), why, sizeof why,
+                             [&](auto cfg, auto) { return dq_accumulators<decltype(cfg)>(a, why, sizeof why); });
     return 2 * shape_rows(sh) * sizeof(float) + (size_t)std::max(S, 1) * shape_elems(sh) * sizeof(float);
 }
 

@@ -337,7 +337,7 @@ stage14_split_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
         cp_async_wait<STAGES - 2>();
         __syncthreads(); /* tile j in shared memory for every warp; every warp is done with tile j-1,
                           * whose buffer the copy below takes */
-        if (STAGE14_TIMELINE && step == 0) tl_stamp(TL_FIRST_TILE);
+        if (step == 0) tl_stamp(TL_FIRST_TILE);
         if (j + STAGES - 1 < j_end) { /* tile j + STAGES - 1 copies while tile j computes */
             const int buf = (step + STAGES - 1) % STAGES;
             kv_loader.load(K_ring + buf * Bc * HeadDim, K, (j + STAGES - 1) * Bc, N_kv);
@@ -527,26 +527,22 @@ int resident_blocks(char *why, size_t n)
     static int cached = 0;
     if (cached) return cached;
     constexpr int HeadDim = Tiles::HeadDim;
-    if (smem_optin(stage14_split_kernel<__half, Tiles>, Tiles::smem_bytes, HeadDim, why, n)) return -1;
     if (smem_optin(stage14_split_kernel<__nv_bfloat16, Tiles>, Tiles::smem_bytes, HeadDim, why, n)) return -1;
     /* all of the SM's unified L1/shared memory as shared memory (the loads bypass L1: cp.async.cg),
      * so that two blocks fit wherever the device has room for them, rather than where the driver's
-     * default split happens to leave it */
-    int dev = 0, sms = 0, per_sm = 0;
+     * default split happens to leave it; then the count, which the carveout decides */
     if (cudaFuncSetAttribute(stage14_split_kernel<__half, Tiles>, cudaFuncAttributePreferredSharedMemoryCarveout,
                              cudaSharedmemCarveoutMaxShared) != cudaSuccess ||
         cudaFuncSetAttribute(stage14_split_kernel<__nv_bfloat16, Tiles>,
-                             cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) != cudaSuccess ||
-        cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, stage14_split_kernel<__half, Tiles>,
-                                                      Tiles::NTHREADS, Tiles::smem_bytes) != cudaSuccess) {
-        snprintf(why, n, "cannot ask the device for its SMs and the kernel's occupancy: %s",
+                             cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) != cudaSuccess) {
+        snprintf(why, n, "cannot set the kernel's shared-memory carveout: %s",
                  cudaGetErrorString(cudaGetLastError()));
         return -1;
     }
-    cached = sms * std::max(per_sm, 1);
-    return cached;
+    const int r = resident_blocks_of(stage14_split_kernel<__half, Tiles>, Tiles::NTHREADS, Tiles::smem_bytes, HeadDim,
+                                     why, n);
+    if (r > 0) cached = r;
+    return r;
 }
 
 /* The number of slices S (the rule, written down): --splits where given; else one full wave,

@@ -52,6 +52,25 @@ static int smem_optin(Kernel *kernel, size_t bytes, int d, char *why, size_t n)
     return 0;
 }
 
+/* How many blocks of `kernel` (`threads` a block, `bytes` of dynamic shared memory, opted in here)
+ * the whole device runs at once: its SMs times the blocks one SM holds (the occupancy API; at least
+ * one). The split rules of stages 10 and 14 size one wave of blocks by it. -1 with the reason in
+ * why when the device cannot be asked. */
+template <typename Kernel>
+static int resident_blocks_of(Kernel *kernel, int threads, size_t bytes, int d, char *why, size_t n)
+{
+    if (smem_optin(kernel, bytes, d, why, n)) return -1;
+    int dev = 0, sms = 0, per_sm = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, bytes) != cudaSuccess) {
+        snprintf(why, n, "cannot ask the device for its SMs and the kernel's occupancy: %s",
+                 cudaGetErrorString(cudaGetLastError()));
+        return -1;
+    }
+    return sms * (per_sm > 1 ? per_sm : 1);
+}
+
 /* ---- a stage's tile configurations, fastest first ----
  *
  * Each configuration is a type holding its tile sizes as constants and `static constexpr size_t
