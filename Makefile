@@ -194,11 +194,13 @@ SANITIZE_SHAPES = "--seqlen 1 --dim 64" "--seqlen 100 --dim 64 --causal $(SANITI
 # stages that take more than the shapes above name their extra shapes here
 SANITIZE_SHAPES_stage10 := "--seqlen 130 --dim 128 --dtype bf16 --deterministic" "--seqlen 200 --dim 128 --dtype bf16 --causal" \
                           "--seqlen 1000 --dim 64" "--seqlen 150 --dim 32 --causal" "--seqlen 77 --dim 256 --deterministic" \
-                          "--seqlen 200 --dim 256 --dtype bf16 --causal"
+                          "--seqlen 200 --dim 256 --dtype bf16 --causal" "--seqlen 90 --dim 64 --dtype bf16 --deterministic" \
+                          "--seqlen 150 --dim 32 --dtype bf16"
 SANITIZE_SHAPES_stage9 := "--seqlen 200 --dim 32 --dtype bf16 --causal" "--seqlen 130 --dim 256" \
                           "--seqlen 300 --dim 128 --dtype bf16"
 SANITIZE_SHAPES_stage11 := "--seqlen 200 --dim 64 --dtype bf16 --causal" "--seqlen 130 --dim 256" \
                            "--seqlen 300 --dim 256 --dtype bf16 --causal" "--seqlen 300 --dim 128 --dtype bf16"
+SANITIZE_SHAPES_stage12 := "--seqlen 300 --dim 128 --dtype bf16 --causal" "--seqlen 193 --dim 128" "--seqlen 130 --dim 256 --dtype bf16"
 SANITIZE_SHAPES_stage13 := "--seqlen 130 --dim 256 --dtype bf16 --causal" "--seqlen 300 --dim 64 --dtype bf16 --causal" \
                            "--seqlen 1000 --dim 128"
 # a stage that cannot take the shapes above (stage 14: at most 64 queries, no --counters) names its

@@ -46,8 +46,8 @@ namespace {
 
 /* ---- configuration ---- */
 
-/* Two consumer warpgroups per block (three at d = 64, below), as in stage 11: a Q tile of Br = 128
- * rows, 64 per warpgroup (the M of one wgmma), both reading the same K_j, V_j. Per thread a
+/* Two consumer warpgroups per block (three at d = 64 and 128, below), as in stage 11: a Q tile of
+ * Br = 128 rows, 64 per warpgroup (the M of one wgmma), both reading the same K_j, V_j. Per thread a
  * consumer warpgroup's accumulators hold Bc / 2 fp32 of S_ij and HeadDim / 2 of O_i, and P_ij takes
  * Bc / 4 registers (16-bit pairs) that the tensor cores read until the wait: all three live at
  * once. Bc is 128 at d = 64 (stage 11 takes 64 there, which its cp.async buffers needed; here
@@ -71,8 +71,8 @@ namespace {
  *   d = 64:  Bc = 128, 4 stages: 16 + 4 x 32 = 144 KiB (two warpgroups), turned. (Bc = 64 with 8
  *            stages, the same bytes, measured 0.84-0.88x of this on the H200: twice the tiles, each
  *            with its waits and its softmax bookkeeping, and nothing the deeper ring bought back.)
- *   d = 128: Bc = 128, 3 stages: 32 + 3 x 64 = 224 KiB, as many as fit; not turned: turned, a
- *            consumer holds two of the three stages and the copy engine has one left to fill
+ *   d = 128: Bc = 128, 3 stages: 32 + 3 x 64 = 224 KiB (two warpgroups), as many as fit; not
+ *            turned: turned, a consumer holds two of the three stages and the copy engine has one left to fill
  *            ahead; it measured 0.96-1.03x of this, no gain for the longer story.
  *   d = 256: Bc = 64, 2 stages: 64 + 2 x 64 = 192 KiB (three do not fit); not turned, so that
  *            tile j's stage is freed as soon as P_ij V_j is done and tile j+2 has the whole of tile
@@ -90,14 +90,14 @@ namespace {
 #ifndef STAGE12_D64_WG3
 #define STAGE12_D64_WG3 1
 #endif
-/* STAGE12_D128_WG3=1 (nvcc -D, a build to time against this one; not yet measured): three consumer
- * warpgroups at d = 128 too, Br = 192, the consumers 160 registers each (O 64 + S 64 + P 32: ptxas
- * spills 8 bytes), Q_i 48 KiB and a ring of two stages, 176 KiB (three do not fit). Each K/V tile
- * then serves 192 query rows, as at d = 64, where it measured 1.096x over the grid's d = 64
- * points; the price is the shallower ring and a Q tile that fits N = 1024 less well (6 tiles,
- * the last a third full). */
+/* At d = 128 three consumer warpgroups as well (STAGE12_D128_WG3, default 1; nvcc
+ * -DSTAGE12_D128_WG3=0 builds the two, to time against): Br = 192, the consumers 160 registers
+ * each (O 64 + S 64 + P 32: ptxas spills 8 bytes), Q_i 48 KiB and a ring of two stages, 176 KiB
+ * (three do not fit). Each K/V tile serves 192 query rows, as at d = 64: 1.06-1.17x the two
+ * warpgroups on the H200, but for N = 1024 causal, 0.92x (note 12, "Three consumer warpgroups at
+ * d = 128"). */
 #ifndef STAGE12_D128_WG3
-#define STAGE12_D128_WG3 0
+#define STAGE12_D128_WG3 1
 #endif
 constexpr int WARPGROUP = 4 * WARP_SIZE; /* threads that issue one wgmma together */
 constexpr int PRODUCER_REGS = 24; /* setmaxnreg, per thread (above); the consumers' share: tiles */
