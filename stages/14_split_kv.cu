@@ -60,18 +60,17 @@ namespace {
 constexpr int Br = 16;
 /* Four warps, each taking a quarter of the keys of every K/V tile. */
 constexpr int NWARPS = 4;
-/* At most MAX_SPLITS slices (--splits allows no more). The merge keeps nothing per slice (each
- * thread folds the slices into its running max, sum and row as it reads them), so any number
- * would do; 1024 is more than any GPU holds blocks of at once. */
+/* At most MAX_SPLITS slices (--splits allows no more): the merge keeps a weight per slice and row
+ * in shared memory over the K/V ring, [max_splits][Br] floats (64 KiB at 1024). */
 constexpr int MAX_SPLITS = 1024;
-/* The merge's loads of slices kept in flight per thread (a chunk: each slice's L_s and four
- * columns of its O_s): they come from L2, a few hundred cycles each, and the merge is the tail of
- * the kernel, nothing to overlap it. At B = 1, N_kv = 16k a thread folds 32 slices: two chunks of
- * 16, two L2 round trips one after the other. (nvcc -DSTAGE14_MERGE_UNROLL=8 or 32 builds others;
- * in the earlier merge, with the weights first through shared memory, 16 and 32 measured about
- * 0.5 us less than 8 on the H200 at that shape, note 14.) */
+/* The merge's loads of partial rows O_s kept in flight per thread (unrolled): they come from L2,
+ * a few hundred cycles each, and the merge is the tail of the kernel, nothing to overlap it. At
+ * B = 1, N_kv = 16k a thread sums 32 slices, so 8 in flight are four L2 round trips one after the
+ * other; nvcc -DSTAGE14_MERGE_UNROLL=16 or 32 builds the ones to time against it. Measured on the
+ * H200 (note 14): 16 and 32 both about 0.5 us less there (24.5 -> 24.0 us), half of what was
+ * predicted; the default stays 8 until the suite has run a build of 16. */
 #ifndef STAGE14_MERGE_UNROLL
-#define STAGE14_MERGE_UNROLL 16
+#define STAGE14_MERGE_UNROLL 8
 #endif
 constexpr int MERGE_UNROLL = STAGE14_MERGE_UNROLL;
 static_assert(MERGE_UNROLL >= 1, "at least one load in flight");
@@ -79,7 +78,7 @@ static_assert(MERGE_UNROLL >= 1, "at least one load in flight");
 /* The per-block timeline, a build of its own (nvcc -DSTAGE14_TIMELINE=1; the default build has
  * none of it): thread 0 of every block stamps the GPU's nanosecond clock (%globaltimer, one clock
  * for all SMs) at the block's start, when its first K/V tile has landed, at the loop's end, when
- * its partials are stored (after a block barrier; or, with one slice, O), and when it leaves (the last block
+ * its partials are written and fenced (or, with one slice, O), and when it leaves (the last block
  * of a row tile after the merge), and notes its SM. At the program's end the last launch's stamps
  * are summarized on stderr (timeline_report), and written to the file STAGE14_TIMELINE_CSV names,
  * a row per block, for a plot (note 14, "What is next"). */
@@ -108,6 +107,13 @@ __device__ __forceinline__ void tl_stamp(int event)
 __device__ __forceinline__ void tl_stamp(int) {}
 #endif
 
+/* The most slices, from MAX_SPLITS down by halves, whose merge (a weight per slice and row, then
+ * each row's m and 1 / l) fits in ring_bytes of shared memory. */
+constexpr int splits_fitting(size_t ring_bytes, int S)
+{
+    return 4 * ((size_t)S + 2) * Br <= ring_bytes || S == 1 ? S : splits_fitting(ring_bytes, S / 2);
+}
+
 /* One configuration: K/V tiles of Bc keys, STAGES of them in the cp.async ring (tile j computes
  * while the next STAGES - 1 copy), and everything derived from it. */
 template <int HeadDim_, int Bc_, int STAGES_>
@@ -131,9 +137,16 @@ struct tiles {
     static constexpr size_t merge_m = merge_O + 4 * (size_t)NWARPS * Br * O_STRIDE;
     static constexpr size_t merge_l = merge_m + 4 * (size_t)NWARPS * Br;
     static constexpr size_t merge_bytes = merge_l + 4 * (size_t)NWARPS * Br;
-    /* The merge of the slices (the last block of a row tile) needs no shared memory. */
-    static constexpr int max_splits = MAX_SPLITS;
-    static constexpr size_t smem_bytes = std::max(loop_bytes, merge_bytes);
+    /* The merge of the slices (the last block of a row tile), over the same memory once more: the
+     * weight of each slice for each row [max_splits][Br], then each row's m and 1 / l [Br] each. As
+     * many slices as the ring holds the weights of: MAX_SPLITS with three stages, half with two. */
+    static constexpr int max_splits = splits_fitting(loop_bytes, MAX_SPLITS);
+    static constexpr size_t slices_w = 0;
+    static constexpr size_t slices_m = slices_w + 4 * (size_t)max_splits * Br;
+    static constexpr size_t slices_inv_l = slices_m + 4 * (size_t)Br;
+    static constexpr size_t slices_bytes = slices_inv_l + 4 * (size_t)Br;
+    static constexpr size_t smem_bytes = std::max(loop_bytes, std::max(merge_bytes, slices_bytes));
+    static_assert(slices_bytes <= loop_bytes, "the merge of the slices fits over the K/V ring");
     static_assert(Br == 16, "a block's rows are one m16 tile of the mma");
     static_assert(KEYS_PER_WARP % 16 == 0, "each warp's keys are whole k16 steps of P_ij V_j");
     static_assert(2 * Br * HeadDim <= TILE_BYTES && STAGES >= 2, "Q_i fits the K buffer it borrows");
@@ -145,7 +158,8 @@ struct tiles {
  * blocks share an SM on sm_90 (227 KiB), with four tiles (128 KiB) requested per SM at any time,
  * more than an SM's share of HBM's bytes in flight (Little's law: ~4.5 TB/s x ~1 us / 132 SMs ~ 35
  * KiB); and it fits the 99 KiB of consumer GPUs and the A100's 163. A T4 (64 KiB) takes a ring of
- * two: the same tiles and warps, one tile copying while one computes, 64 KiB. The tile
+ * two: the same tiles and warps, one tile copying while one computes, 64 KiB; its merge takes at
+ * most 512 slices (its splits rule asks for at most one per resident block, 40 on a T4). The tile
  * stays: a smaller Bc at d = 128 would leave each warp 8 keys, less than a k16 step of P_ij V_j. */
 template <int HeadDim>
 struct cfg;
@@ -171,68 +185,65 @@ int with_tiles(int d, size_t limit, char *why, size_t n, F &&f)
 /* ---- kernel ---- */
 
 /* The merge of the S slices of `rows` rows (row0 .. row0 + rows - 1 of O and L; rows <= Br), by
- * the block's threads, each four columns of a row, from the partials every slice's block wrote:
- *   O = sum_s w_s O_s / sum_s w_s,  L = m + log sum_s w_s,  w_s = exp(L_s - m),  m = max_s L_s
- * folded slice by slice as stage 3 folds key tiles: a running max m, a running sum l of the
- * weights and a running row o, both rescaled by exp(m_old - m_new) when m grows. A chunk of
- * MERGE_UNROLL slices is read at once (their loads do not depend on m), then folded; nothing goes
- * through shared memory and no thread waits for another. A slice that saw no key of the row has
- * L_s = -inf and O_s = 0: weight 0. The partials are read with __ldcg (ld.global.cg: from L2,
- * never L1). The other blocks wrote them through L2, and this SM's L1 may hold lines of the
- * workspace from before (a block that ran here earlier, or the previous call): an ordinary load
- * could hit such a stale line. */
+ * the block's NTHREADS threads, from the partials every slice's block wrote:
+ *   m = max_s L_s,  w_s = exp(L_s - m)  ( = l_s exp(m_s - m), the share of slice s; 0 for -inf)
+ *   O = sum_s w_s O_s / sum_s w_s,  L = m + log sum_s w_s
+ * The partials are read with __ldcg (ld.global.cg: from L2, never L1). The other blocks wrote them
+ * through L2, and this SM's L1 may hold lines of the workspace from before (a block that ran here
+ * earlier, or the previous call): an ordinary load could hit such a stale line. */
 template <typename T, class Tiles>
 __device__ __forceinline__ void merge_slices(const float *O_part, const float *L_part, T *O, float *L,
-                                             size_t rows_all, size_t row0, int rows, int S)
+                                             size_t rows_all, size_t row0, int rows, int S, unsigned char *smem)
 {
     constexpr int HeadDim = Tiles::HeadDim, NTHREADS = Tiles::NTHREADS, QUADS = HeadDim / 4;
-    for (int c = threadIdx.x; c < rows * QUADS; c += NTHREADS) {
+    constexpr int PER_ROW = NTHREADS / Br; /* threads per row for the weights: 8 */
+    static_assert(NTHREADS % Br == 0 && WARP_SIZE % PER_ROW == 0, "a row's threads within one warp");
+    float *w = (float *)(smem + Tiles::slices_w); /* [S][Br]: L_s, then w_s */
+    float *m_r = (float *)(smem + Tiles::slices_m), *inv_l_r = (float *)(smem + Tiles::slices_inv_l);
+    const int tid = threadIdx.x;
+
+    /* every L_s of the rows at once, [S][rows] in the workspace: a row tile's rows are adjacent */
+    for (int c = tid; c < S * Br; c += NTHREADS) {
+        const int s = c / Br, r = c % Br;
+        w[c] = r < rows ? __ldcg(&L_part[(size_t)s * rows_all + row0 + r]) : -INFINITY;
+    }
+    __syncthreads(); /* every L_s in shared memory */
+
+    /* m and l per row, PER_ROW threads a row, each over every PER_ROW-th slice, then across them */
+    {
+        const int r = tid / PER_ROW, part = tid % PER_ROW;
+        float m = -INFINITY;
+        for (int s = part; s < S; s += PER_ROW) m = fmaxf(m, w[s * Br + r]);
+#pragma unroll
+        for (int off = PER_ROW / 2; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(FULL_MASK, m, off));
+        float l = 0.f;
+        for (int s = part; s < S; s += PER_ROW) { /* w_s = exp(L_s - m); a row of -inf only: all 0 */
+            const float e = m == -INFINITY ? 0.f : exp2_approx((w[s * Br + r] - m) * LOG2E);
+            w[s * Br + r] = e;
+            l += e;
+        }
+#pragma unroll
+        for (int off = PER_ROW / 2; off > 0; off /= 2) l += __shfl_xor_sync(FULL_MASK, l, off);
+        if (part == 0) m_r[r] = m, inv_l_r[r] = l > 0.f ? 1.f / l : 0.f;
+        if (part == 0 && r < rows) L[row0 + r] = m == -INFINITY ? -INFINITY : m + logf(l); /* nats */
+    }
+    __syncthreads(); /* every weight, m and 1 / l in shared memory */
+
+    /* O: a thread per four columns of a row, summing the slices' rows MERGE_UNROLL loads at a time */
+    for (int c = tid; c < rows * QUADS; c += NTHREADS) {
         const int r = c / QUADS, col = (c % QUADS) * 4;
         const float *O_s = O_part + (row0 + r) * HeadDim + col; /* slice 0's; slice s is s rows_all rows on */
-        const float *L_s = L_part + row0 + r;
-        float m = -INFINITY, l = 0.f; /* log2 units */
         float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (int s0 = 0; s0 < S; s0 += MERGE_UNROLL) {
-            float Lc[MERGE_UNROLL];
-            float4 Oc[MERGE_UNROLL];
-#pragma unroll
-            for (int u = 0; u < MERGE_UNROLL; u++) { /* the chunk's loads, all in flight */
-                const bool in = s0 + u < S;
-                Lc[u] = in ? __ldcg(L_s + (size_t)(s0 + u) * rows_all) * LOG2E : -INFINITY;
-                Oc[u] = in ? __ldcg((const float4 *)(O_s + (size_t)(s0 + u) * rows_all * HeadDim))
-                           : make_float4(0.f, 0.f, 0.f, 0.f);
-            }
-            float m_new = m;
-#pragma unroll
-            for (int u = 0; u < MERGE_UNROLL; u++) m_new = fmaxf(m_new, Lc[u]);
-            if (m_new == -INFINITY) continue; /* no slice so far saw a key of this row */
-            const float a = exp2_approx(m - m_new); /* 0 while m is -inf */
-            l *= a, o.x *= a, o.y *= a, o.z *= a, o.w *= a;
-#pragma unroll
-            for (int u = 0; u < MERGE_UNROLL; u++) {
-                const float w = exp2_approx(Lc[u] - m_new);
-                l += w, o.x += w * Oc[u].x, o.y += w * Oc[u].y, o.z += w * Oc[u].z, o.w += w * Oc[u].w;
-            }
-            m = m_new;
+#pragma unroll MERGE_UNROLL
+        for (int s = 0; s < S; s++) {
+            const float4 os = __ldcg((const float4 *)(O_s + (size_t)s * rows_all * HeadDim));
+            const float ws = w[s * Br + r];
+            o.x += ws * os.x, o.y += ws * os.y, o.z += ws * os.z, o.w += ws * os.w;
         }
-        const float inv_l = l > 0.f ? 1.f / l : 0.f;
+        const float inv_l = inv_l_r[r];
         *(uint2 *)&O[(row0 + r) * HeadDim + col] =
             make_uint2(mma16<T>::pack(o.x * inv_l, o.y * inv_l), mma16<T>::pack(o.z * inv_l, o.w * inv_l));
-        if (col == 0) L[row0 + r] = m == -INFINITY ? -INFINITY : (m + log2f(l)) * LN2; /* nats */
     }
-}
-
-/* The merge's ticket: atomicInc with release and acquire semantics at the scope of the GPU
- * (atom.acq_rel.gpu), by one thread after a block barrier. Release: every store the block made
- * before the barrier is visible to the GPU before the ticket is (the barrier orders the other
- * threads' stores before this thread's atomic, and the release is cumulative over them). Acquire:
- * the loads after the ticket (and, through the barrier that follows, the other threads' loads)
- * see every store made visible before the tickets drawn earlier. Wraps to 0 after `last`. */
-__device__ __forceinline__ unsigned ticket_acq_rel(unsigned *counter, unsigned last)
-{
-    unsigned old;
-    asm volatile("atom.acq_rel.gpu.global.inc.u32 %0, [%1], %2;" : "=r"(old) : "l"(counter), "r"(last) : "memory");
-    return old;
 }
 
 /* One block: rows r0 .. r0 + 15 of one (batch, KV head) group's G * N_q query rows, against the
@@ -472,27 +483,32 @@ stage14_split_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
 
     /* The last block of the row tile merges. Why it may read the other slices' partials (the
      * "last block" pattern of the CUDA samples' threadFenceReduction, with every thread a writer):
-     * - the barrier puts every thread's stores of partials before thread 0's ticket, and the
-     *   ticket is a release (ticket_acq_rel): a block that draws a ticket has its partials in
+     * - each thread's __threadfence() orders its partials before anything it does later, at the
+     *   scope of the whole GPU; the barrier after it puts every thread's fence (and so every store
+     *   of the block) before thread 0's atomicInc. A block that draws a ticket has its partials in
      *   memory where every SM can see them;
      * - the tickets are drawn by atomics on one counter, so they are S different numbers, 0 .. S-1,
      *   and the block that draws S - 1 is the last: the other S - 1 had drawn theirs, so had
-     *   released their partials. Its ticket is an acquire, and the barrier after it puts every
-     *   thread's loads of the partials after it; __ldcg reads them from L2, where the stores went
-     *   (not a stale L1 line);
-     * - the counter wraps to 0 when it reads S - 1: the last draw puts it back to zero, ready for
-     *   the next call (stream order puts that call after this one's end).
+     *   fenced their partials. Its own __threadfence() after the draw keeps its loads of them
+     *   after it, and __ldcg reads them from L2, where the stores went (not a stale L1 line);
+     * - atomicInc(p, S - 1) stores 0 when it reads S - 1: the last draw puts the counter back to
+     *   zero, ready for the next call (stream order puts that call after this one's end).
      * The blocks never wait for one another: the first S - 1 leave, nothing is resident that
      * waits, and any number of slices works whatever fits on the GPU at once. */
-    __syncthreads(); /* every thread's partials stored */
+    __threadfence();  /* this thread's partials visible to the whole GPU before the ticket */
+    __syncthreads();  /* every thread's stores and fence done; the merge below reuses the smem too */
     tl_stamp(TL_PARTIALS);
     bool last = false;
-    if (tid == 0) last = ticket_acq_rel(&tickets[blockIdx.x], S - 1) == (unsigned)(S - 1);
+    if (tid == 0) {
+        last = atomicInc(&tickets[blockIdx.x], S - 1) == (unsigned)(S - 1);
+        if (last) __threadfence(); /* the other blocks' partials read after the ticket that says
+                                    * they are written */
+    }
     if (!__syncthreads_or(last)) { /* (a barrier: thread 0's ticket for the whole block) */
         tl_stamp(TL_END);
         return;
     }
-    merge_slices<T, Tiles>(O_part, L_part, O, L, rows_all, group_row0 + r0, min(Br, M_rows - r0), S);
+    merge_slices<T, Tiles>(O_part, L_part, O, L, rows_all, group_row0 + r0, min(Br, M_rows - r0), S, smem);
     if (STAGE14_TIMELINE) {
         __syncthreads(); /* every thread's part of the merge issued */
         tl_stamp(TL_END);
@@ -537,8 +553,8 @@ int resident_blocks(char *why, size_t n)
  *   per = ceil(Tc / S_wave) tiles a slice,  S = ceil(Tc / per),
  * the fewest slices whose longest is no longer than S_wave slices' longest (the time is the longest
  * slice's; a slice more only adds to the merge): at Tc = 256 tiles and S_wave = 33, 32 slices of 8
- * tiles rather than 33 of 7 or 8. S <= Tc (a slice of at least one tile), and no more than
- * max_splits (1024, more than any GPU holds blocks of). */
+ * tiles rather than 33 of 7 or 8. S <= Tc (a slice of at least one tile), and no more than the
+ * configuration's merge takes (max_splits: at most 512, more than any GPU holds blocks of it). */
 template <class Tiles>
 int splits_for(const struct shape *sh, char *why, size_t n)
 {
@@ -602,7 +618,7 @@ void timeline_report()
     for (unsigned b = 0; b < blocks; b++) t0 = std::min(t0, st[(size_t)b * W + TL_START]);
     auto us = [&](unsigned b, int e) { return (st[(size_t)b * W + e] - t0) / 1000.0; };
     static const char *const names[TL_EVENTS] = {"start", "first K/V tile landed", "loop end",
-                                                 "partials stored", "end"};
+                                                 "partials written, fenced", "end"};
     fprintf(stderr, "stage14 timeline of the last launch: %u blocks (%u x %u), us after the first block's start\n",
             blocks, tl_grid_x, tl_grid_y);
     fprintf(stderr, "  %-26s %8s %8s %8s %8s %7s\n", "event", "first", "median", "90%", "last", "blocks");

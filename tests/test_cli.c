@@ -593,8 +593,8 @@ Test(cli, smem_cap_picks_smaller_tiles)
 }
 
 /* Stage 14 where a block may have 64 KiB (a T4): the ring of two K/V stages, named in the summary,
- * with the most slices the command line takes (1024; the merge keeps nothing per slice) and the
- * check passing. Needs a GPU. */
+ * with the most slices its merge takes (512: their weights over the ring) and the check passing;
+ * one more is refused with one line. Needs a GPU. */
 Test(cli, stage14_at_64_kib)
 {
     char why[256];
@@ -603,10 +603,12 @@ Test(cli, stage14_at_64_kib)
     setenv("ATTN_SMEM_CAP_KB", "64", 1);
     struct test_proc p;
     test_spawn((char *[]){"./stage14", "--batch", "1", "--heads", "8", "--kv-heads", "2", "--kv-len", "5000", "--dim", "128",
-                          "--splits", "1024", "--iters", "2", NULL}, &p);
-    cr_assert(p.code == EXIT_PASS, "ATTN_SMEM_CAP_KB=64 ./stage14 --splits 1024: exit %d; stderr:\n%s", p.code, p.err);
+                          "--splits", "512", "--iters", "2", NULL}, &p);
+    cr_assert(p.code == EXIT_PASS, "ATTN_SMEM_CAP_KB=64 ./stage14 --splits 512: exit %d; stderr:\n%s", p.code, p.err);
     cr_assert(strstr(p.out, "tiles Br=16 Bc=64, 2 K/V stages, 64.0 of 64 KiB") && strstr(p.out, "check PASS"),
-              "ATTN_SMEM_CAP_KB=64 ./stage14 --splits 1024: the summary does not name the 64 KiB tiles and a pass:\n%s", p.out);
+              "ATTN_SMEM_CAP_KB=64 ./stage14 --splits 512: the summary does not name the 64 KiB tiles and a pass:\n%s", p.out);
+    test_spawn((char *[]){"./stage14", "--kv-len", "5000", "--splits", "513", NULL}, &p);
+    test_assert_one_line_failure(&p, EXIT_USAGE, "ATTN_SMEM_CAP_KB=64 ./stage14 --splits 513", "at most 512 slices");
 }
 
 /* Where the code running on the GPU is Turing's (a T4, or a build of compute_75 PTX on any GPU),
