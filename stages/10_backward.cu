@@ -852,7 +852,6 @@ int dq_accumulators(const struct attn_args *a, char *why, size_t n)
     return a->deterministic && !dq_kernel_for<Cfg>(1) ? dq_splits<Cfg>(&a->sh, why, n) : 1;
 }
 
-
 /* The dK/dV kernel with configuration Cfg, and with --deterministic the dQ kernel with Dq (without
  * it, the convert kernel). */
 template <typename T, class Cfg, class Dq>

@@ -72,8 +72,8 @@ namespace {
  *            stages, the same bytes, measured 0.84-0.88x of this on the H200: twice the tiles, each
  *            with its waits and its softmax bookkeeping, and nothing the deeper ring bought back.)
  *   d = 128: Bc = 128, 3 stages: 32 + 3 x 64 = 224 KiB (two warpgroups), as many as fit; not
- *            turned: turned, a consumer holds two of the three stages and the copy engine has one left to fill
- *            ahead; it measured 0.96-1.03x of this, no gain for the longer story.
+ *            turned: turned, a consumer holds two of the three stages and the copy engine has
+ *            one left to fill ahead; it measured 0.96-1.03x of this, no gain for the longer story.
  *   d = 256: Bc = 64, 2 stages: 64 + 2 x 64 = 192 KiB (three do not fit); not turned, so that
  *            tile j's stage is freed as soon as P_ij V_j is done and tile j+2 has the whole of tile
  *            j+1's work to land in (turned, only its softmax; measured 0.94-0.96x of this).

@@ -557,7 +557,7 @@ stage14_split_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
 #if STAGE14_CLUSTER
     /* The cluster's merge: the C partials of this cluster (slices s0 .. s0 + C - 1), each block a
      * C-th of the items, read over distributed shared memory; the same arithmetic as merge_slices. */
-    constexpr int C = STAGE14_CLUSTER;
+    constexpr int C = CLUSTER;
     const unsigned rank = blockIdx.y % C; /* the cluster spans C consecutive slices in y */
     const int S_cl = S / C, s_cl = s / C; /* the clusters of this row tile, and this one */
     cluster_sync_all();                   /* every block's partials in its shared memory */
@@ -627,8 +627,7 @@ stage14_split_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
         tl_stamp(TL_END);
         return;
     }
-    merge_slices<T, Tiles>(O_part, L_part, O, L, rows_all, group_row0 + r0, min(Br, M_rows - r0),
-                           STAGE14_CLUSTER ? S / STAGE14_CLUSTER : S, smem);
+    merge_slices<T, Tiles>(O_part, L_part, O, L, rows_all, group_row0 + r0, min(Br, M_rows - r0), S / CLUSTER, smem);
     if (STAGE14_TIMELINE) {
         __syncthreads(); /* every thread's part of the merge issued */
         tl_stamp(TL_END);
