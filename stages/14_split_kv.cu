@@ -73,23 +73,6 @@ constexpr int MAX_SPLITS = 1024;
 #define STAGE14_MERGE_UNROLL 8
 #endif
 constexpr int MERGE_UNROLL = STAGE14_MERGE_UNROLL;
-/* STAGE14_CLUSTER=C (nvcc -D, a build to time against this one; not yet run; 0, the default,
- * builds none of it): the S slices of a row tile in thread-block clusters of C (2 to 16; more than
- * 8 is a non-portable cluster size), Hopper only. A cluster's blocks leave their partial O_s and
- * L_s in their own shared memory, meet at a cluster barrier, and merge them over distributed
- * shared memory, each block a C-th of the row tile's (row, column) items: no trip through L2 for
- * them. With S = C that is the answer; with S > C the cluster's merged partial goes to the
- * workspace as one of S / C slices, and the ticket and merge_slices below merge those as before.
- * S is rounded up to a multiple of C (the grid's y must be), for the rule and for --splits alike.
- * Why (note 14, "The timeline, measured"): at B = 1, N_kv = 16k the blocks' ends and the merge of
- * the slices through L2 are 5.2 us of 24.2, and a merge after the stream that needs L2 round trips
- * cannot fit the 19.8 us the issue's 80% allows. */
-#ifndef STAGE14_CLUSTER
-#define STAGE14_CLUSTER 0
-#endif
-static_assert(STAGE14_CLUSTER == 0 || (STAGE14_CLUSTER >= 2 && STAGE14_CLUSTER <= 16),
-              "a cluster of 2 to 16 blocks, or none");
-constexpr int CLUSTER = STAGE14_CLUSTER ? STAGE14_CLUSTER : 1; /* blocks whose slices S is a multiple of */
 static_assert(MERGE_UNROLL >= 1, "at least one load in flight");
 
 /* The per-block timeline, a build of its own (nvcc -DSTAGE14_TIMELINE=1; the default build has
@@ -154,11 +137,6 @@ struct tiles {
     static constexpr size_t merge_m = merge_O + 4 * (size_t)NWARPS * Br * O_STRIDE;
     static constexpr size_t merge_l = merge_m + 4 * (size_t)NWARPS * Br;
     static constexpr size_t merge_bytes = merge_l + 4 * (size_t)NWARPS * Br;
-    /* STAGE14_CLUSTER: this block's partial O_s [Br][HeadDim] and L_s [Br], fp32, after them (the
-     * cluster's other blocks read them while this block's warps' buffers are done with) */
-    static constexpr size_t cluster_O = merge_bytes;
-    static constexpr size_t cluster_L = cluster_O + 4 * (size_t)Br * HeadDim;
-    static constexpr size_t cluster_bytes = STAGE14_CLUSTER ? cluster_L + 4 * (size_t)Br : 0;
     /* The merge of the slices (the last block of a row tile), over the same memory once more: the
      * weight of each slice for each row [max_splits][Br], then each row's m and 1 / l [Br] each. As
      * many slices as the ring holds the weights of: MAX_SPLITS with three stages, half with two. */
@@ -167,7 +145,7 @@ struct tiles {
     static constexpr size_t slices_m = slices_w + 4 * (size_t)max_splits * Br;
     static constexpr size_t slices_inv_l = slices_m + 4 * (size_t)Br;
     static constexpr size_t slices_bytes = slices_inv_l + 4 * (size_t)Br;
-    static constexpr size_t smem_bytes = std::max(std::max(loop_bytes, cluster_bytes), std::max(merge_bytes, slices_bytes));
+    static constexpr size_t smem_bytes = std::max(loop_bytes, std::max(merge_bytes, slices_bytes));
     static_assert(slices_bytes <= loop_bytes, "the merge of the slices fits over the K/V ring");
     static_assert(Br == 16, "a block's rows are one m16 tile of the mma");
     static_assert(KEYS_PER_WARP % 16 == 0, "each warp's keys are whole k16 steps of P_ij V_j");
@@ -203,54 +181,6 @@ int with_tiles(int d, size_t limit, char *why, size_t n, F &&f)
     snprintf(why, n, "supports head dim 64 or 128 (got d=%d)", d);
     return ATTN_UNSUPPORTED;
 }
-
-#if STAGE14_CLUSTER
-/* The cluster's barrier, every thread of every block: arrive with release (this block's shared
- * memory stores visible to the cluster), wait with acquire. */
-__device__ __forceinline__ void cluster_sync_all()
-{
-#if __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;\n"
-                 "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-#else
-    __trap(); /* (the launcher refuses this build before Hopper) */
-#endif
-}
-/* The address of `p` (this block's shared memory) in block `rank` of the cluster, and a load from
- * there (ld.shared::cluster). */
-__device__ __forceinline__ uint32_t cluster_addr(const void *p, unsigned rank)
-{
-    uint32_t local = (uint32_t)__cvta_generic_to_shared(p), remote = 0;
-#if __CUDA_ARCH__ >= 900
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
-#else
-    (void)local, (void)rank;
-    __trap();
-#endif
-    return remote;
-}
-__device__ __forceinline__ float ld_cluster_f32(uint32_t a)
-{
-    float v = 0.f;
-#if __CUDA_ARCH__ >= 900
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
-#else
-    (void)a;
-#endif
-    return v;
-}
-__device__ __forceinline__ float4 ld_cluster_f32x4(uint32_t a)
-{
-    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-#if __CUDA_ARCH__ >= 900
-    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(a) : "memory");
-#else
-    (void)a;
-#endif
-    return v;
-}
-#endif
 
 /* ---- kernel ---- */
 
@@ -540,10 +470,6 @@ stage14_split_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
             *(uint2 *)&O[row * HeadDim + col] = make_uint2(M::pack(o[0] * inv_l, o[1] * inv_l),
                                                            M::pack(o[2] * inv_l, o[3] * inv_l));
             if (col == 0) L[row] = lse;
-        } else if (STAGE14_CLUSTER) { /* into this block's shared memory, for the cluster's merge */
-            *(float4 *)(smem + Tiles::cluster_O + 4 * ((size_t)r * HeadDim + col)) =
-                make_float4(o[0] * inv_l, o[1] * inv_l, o[2] * inv_l, o[3] * inv_l);
-            if (col == 0) *(float *)(smem + Tiles::cluster_L + 4 * r) = lse;
         } else { /* slice s of the row: [S][B H N_q][HeadDim] and [S][B H N_q] */
             *(float4 *)&O_part[((size_t)s * rows_all + row) * HeadDim + col] =
                 make_float4(o[0] * inv_l, o[1] * inv_l, o[2] * inv_l, o[3] * inv_l);
@@ -554,51 +480,6 @@ stage14_split_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
         tl_stamp(TL_PARTIALS), tl_stamp(TL_END); /* (thread 0's part of O written; the others' may not be) */
         return;
     }
-#if STAGE14_CLUSTER
-    /* The cluster's merge: the C partials of this cluster (slices s0 .. s0 + C - 1), each block a
-     * C-th of the items, read over distributed shared memory; the same arithmetic as merge_slices. */
-    constexpr int C = CLUSTER;
-    const unsigned rank = blockIdx.y % C; /* the cluster spans C consecutive slices in y */
-    const int S_cl = S / C, s_cl = s / C; /* the clusters of this row tile, and this one */
-    cluster_sync_all();                   /* every block's partials in its shared memory */
-    for (int c = rank * NTHREADS + tid; c < Br * QUADS; c += C * NTHREADS) {
-        const int r = c / QUADS, col = (c % QUADS) * 4;
-        if (r0 + r >= M_rows) continue; /* a padding row */
-        float Lk[C], m = -INFINITY;
-#pragma unroll
-        for (int k = 0; k < C; k++) {
-            Lk[k] = ld_cluster_f32(cluster_addr(smem + Tiles::cluster_L + 4 * r, k));
-            m = fmaxf(m, Lk[k]);
-        }
-        float l = 0.f;
-        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (m != -INFINITY) {
-#pragma unroll
-            for (int k = 0; k < C; k++) {
-                const float w = exp2_approx((Lk[k] - m) * LOG2E); /* 0 for a slice that saw no key */
-                const float4 ok = ld_cluster_f32x4(cluster_addr(smem + Tiles::cluster_O + 4 * ((size_t)r * HeadDim + col), k));
-                l += w, o.x += w * ok.x, o.y += w * ok.y, o.z += w * ok.z, o.w += w * ok.w;
-            }
-        }
-        const float inv_l = l > 0.f ? 1.f / l : 0.f;
-        const float lse = m == -INFINITY ? -INFINITY : m + logf(l); /* nats */
-        const size_t row = group_row0 + r0 + r;
-        if (S_cl == 1) { /* one cluster: this is the answer */
-            *(uint2 *)&O[row * HeadDim + col] =
-                make_uint2(M::pack(o.x * inv_l, o.y * inv_l), M::pack(o.z * inv_l, o.w * inv_l));
-            if (col == 0) L[row] = lse;
-        } else { /* the cluster's partial, slice s_cl of S_cl */
-            *(float4 *)&O_part[((size_t)s_cl * rows_all + row) * HeadDim + col] =
-                make_float4(o.x * inv_l, o.y * inv_l, o.z * inv_l, o.w * inv_l);
-            if (col == 0) L_part[(size_t)s_cl * rows_all + row] = lse;
-        }
-    }
-    cluster_sync_all(); /* every block done reading the others' shared memory before any leaves */
-    if (S_cl == 1) {
-        tl_stamp(TL_PARTIALS), tl_stamp(TL_END);
-        return;
-    }
-#endif
 
     /* The last block of the row tile merges. Why it may read the other slices' partials (the
      * "last block" pattern of the CUDA samples' threadFenceReduction, with every thread a writer):
@@ -627,7 +508,7 @@ stage14_split_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
         tl_stamp(TL_END);
         return;
     }
-    merge_slices<T, Tiles>(O_part, L_part, O, L, rows_all, group_row0 + r0, min(Br, M_rows - r0), S / CLUSTER, smem);
+    merge_slices<T, Tiles>(O_part, L_part, O, L, rows_all, group_row0 + r0, min(Br, M_rows - r0), S, smem);
     if (STAGE14_TIMELINE) {
         __syncthreads(); /* every thread's part of the merge issued */
         tl_stamp(TL_END);
@@ -677,14 +558,14 @@ int resident_blocks(char *why, size_t n)
 template <class Tiles>
 int splits_for(const struct shape *sh, char *why, size_t n)
 {
-    if (sh->splits > 0) return (int)CEIL_DIV(sh->splits, CLUSTER) * CLUSTER; /* (a whole number of clusters) */
+    if (sh->splits > 0) return sh->splits;
     const int slots = resident_blocks<Tiles>(why, n);
     if (slots < 0) return -1;
     const long long groups = (long long)sh->B * shape_kv_heads(sh) * row_tiles_of(sh);
     const long long Tc = CEIL_DIV(shape_kv_len(sh), Tiles::Bc);
     const long long S_wave = std::min((long long)Tiles::max_splits, std::max(1LL, slots / groups));
     const long long per = CEIL_DIV(Tc, S_wave);
-    return (int)CEIL_DIV(CEIL_DIV(Tc, per), CLUSTER) * CLUSTER;
+    return (int)CEIL_DIV(Tc, per);
 }
 
 /* For the harness's report (the descriptor's kv_splits): the S a run of this shape uses, with the
@@ -828,33 +709,9 @@ int launch(const struct attn_args *a, char *why, size_t n)
     tl_grid_x = (unsigned)blocks, tl_grid_y = (unsigned)S;
 #endif
     /* (batch, KV head, row tile) in x, the slice in y (S <= 1024, under y's 65535) */
-#if STAGE14_CLUSTER
-    { /* the slices in clusters of STAGE14_CLUSTER along y (Hopper) */
-        int dev = 0, major = 0;
-        CUDA_TRY(cudaGetDevice(&dev));
-        CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-        if (major < 9) {
-            snprintf(why, n, "this build (STAGE14_CLUSTER=%d) needs thread-block clusters: a Hopper GPU or later",
-                     STAGE14_CLUSTER);
-            return ATTN_UNSUPPORTED;
-        }
-        if (STAGE14_CLUSTER > 8)
-            CUDA_TRY(cudaFuncSetAttribute(stage14_split_kernel<T, Tiles>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = 1, attr[0].val.clusterDim.y = STAGE14_CLUSTER, attr[0].val.clusterDim.z = 1;
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3((unsigned)blocks, (unsigned)S), cfg.blockDim = dim3(Tiles::NTHREADS);
-        cfg.dynamicSmemBytes = Tiles::smem_bytes, cfg.stream = 0, cfg.attrs = attr, cfg.numAttrs = 1;
-        CUDA_TRY(cudaLaunchKernelEx(&cfg, stage14_split_kernel<T, Tiles>, (const T *)a->Q, (const T *)a->K,
-                                    (const T *)a->V, (T *)a->O, a->L, O_part, L_part, tickets, sh->B, sh->H,
-                                    shape_kv_heads(sh), sh->N, shape_kv_len(sh), sh->causal, scale_log2, row_tiles));
-    }
-#else
     stage14_split_kernel<T, Tiles><<<dim3((unsigned)blocks, (unsigned)S), Tiles::NTHREADS, Tiles::smem_bytes>>>(
         (const T *)a->Q, (const T *)a->K, (const T *)a->V, (T *)a->O, a->L, O_part, L_part, tickets, sh->B, sh->H,
         shape_kv_heads(sh), sh->N, shape_kv_len(sh), sh->causal, scale_log2, row_tiles);
-#endif
     CUDA_TRY(cudaGetLastError());
     return 0;
 }
