@@ -65,12 +65,12 @@ constexpr int NWARPS = 4;
 constexpr int MAX_SPLITS = 1024;
 /* The merge's loads of partial rows O_s kept in flight per thread (unrolled): they come from L2,
  * a few hundred cycles each, and the merge is the tail of the kernel, nothing to overlap it. At
- * B = 1, N_kv = 16k a thread sums 32 slices, so 8 in flight are four L2 round trips one after the
- * other; nvcc -DSTAGE14_MERGE_UNROLL=16 or 32 builds the ones to time against it. Measured on the
- * H200 (note 14): 16 and 32 both about 0.5 us less there (24.5 -> 24.0 us), half of what was
- * predicted; the default stays 8 until the suite has run a build of 16. */
+ * B = 1, N_kv = 16k a thread sums 32 slices: 16 in flight are two L2 round trips one after the
+ * other, where 8 were four. Measured on the H200 (note 14): 16 and 32 both about 0.5 us less than
+ * 8 there (24.5 -> 24.0 us), half of what was predicted, and nothing at B = 8; nvcc
+ * -DSTAGE14_MERGE_UNROLL=N builds another to time against it. */
 #ifndef STAGE14_MERGE_UNROLL
-#define STAGE14_MERGE_UNROLL 8
+#define STAGE14_MERGE_UNROLL 16
 #endif
 constexpr int MERGE_UNROLL = STAGE14_MERGE_UNROLL;
 static_assert(MERGE_UNROLL >= 1, "at least one load in flight");
