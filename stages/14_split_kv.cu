@@ -79,13 +79,14 @@ static_assert(MERGE_UNROLL >= 1, "at least one load in flight");
  * none of it): thread 0 of every block stamps the GPU's nanosecond clock (%globaltimer, one clock
  * for all SMs) at the block's start, when its first K/V tile has landed, at the loop's end, when
  * its partials are written and fenced (or, with one slice, O), and when it leaves (the last block
- * of a row tile after the merge), and notes its SM. At the program's end the last launch's stamps
+ * of a row tile after the merge, whose phases it stamps too: the ticket drawn, the L_s in shared
+ * memory, the weights), and notes its SM. At the program's end the last launch's stamps
  * are summarized on stderr (timeline_report), and written to the file STAGE14_TIMELINE_CSV names,
  * a row per block, for a plot (note 14, "What is next"). */
 #ifndef STAGE14_TIMELINE
 #define STAGE14_TIMELINE 0
 #endif
-enum { TL_START, TL_FIRST_TILE, TL_LOOP_END, TL_PARTIALS, TL_END, TL_EVENTS };
+enum { TL_START, TL_FIRST_TILE, TL_LOOP_END, TL_PARTIALS, TL_TICKET, TL_MERGE_L, TL_MERGE_W, TL_END, TL_EVENTS };
 #if STAGE14_TIMELINE
 constexpr int TL_MAX_BLOCKS = 16384; /* blocks past these are not stamped */
 __device__ unsigned long long tl_stamps[TL_MAX_BLOCKS][TL_EVENTS + 1]; /* + the block's SM */
@@ -208,6 +209,7 @@ __device__ __forceinline__ void merge_slices(const float *O_part, const float *L
         w[c] = r < rows ? __ldcg(&L_part[(size_t)s * rows_all + row0 + r]) : -INFINITY;
     }
     __syncthreads(); /* every L_s in shared memory */
+    tl_stamp(TL_MERGE_L);
 
     /* m and l per row, PER_ROW threads a row, each over every PER_ROW-th slice, then across them */
     {
@@ -228,6 +230,7 @@ __device__ __forceinline__ void merge_slices(const float *O_part, const float *L
         if (part == 0 && r < rows) L[row0 + r] = m == -INFINITY ? -INFINITY : m + logf(l); /* nats */
     }
     __syncthreads(); /* every weight, m and 1 / l in shared memory */
+    tl_stamp(TL_MERGE_W);
 
     /* O: a thread per four columns of a row, summing the slices' rows MERGE_UNROLL loads at a time */
     for (int c = tid; c < rows * QUADS; c += NTHREADS) {
@@ -508,6 +511,7 @@ stage14_split_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
         tl_stamp(TL_END);
         return;
     }
+    tl_stamp(TL_TICKET);
     merge_slices<T, Tiles>(O_part, L_part, O, L, rows_all, group_row0 + r0, min(Br, M_rows - r0), S, smem);
     if (STAGE14_TIMELINE) {
         __syncthreads(); /* every thread's part of the merge issued */
@@ -618,7 +622,8 @@ void timeline_report()
     for (unsigned b = 0; b < blocks; b++) t0 = std::min(t0, st[(size_t)b * W + TL_START]);
     auto us = [&](unsigned b, int e) { return (st[(size_t)b * W + e] - t0) / 1000.0; };
     static const char *const names[TL_EVENTS] = {"start", "first K/V tile landed", "loop end",
-                                                 "partials written, fenced", "end"};
+                                                 "partials written, fenced", "merge: ticket drawn",
+                                                 "merge: L_s loaded", "merge: weights", "end"};
     fprintf(stderr, "stage14 timeline of the last launch: %u blocks (%u x %u), us after the first block's start\n",
             blocks, tl_grid_x, tl_grid_y);
     fprintf(stderr, "  %-26s %8s %8s %8s %8s %7s\n", "event", "first", "median", "90%", "last", "blocks");
@@ -660,7 +665,7 @@ void timeline_report()
             fprintf(stderr, "stage14 timeline: cannot write %s\n", path);
             return;
         }
-        fprintf(f, "block,x,y,sm,start_us,first_tile_us,loop_end_us,partials_us,end_us\n");
+        fprintf(f, "block,x,y,sm,start_us,first_tile_us,loop_end_us,partials_us,ticket_us,merge_l_us,merge_w_us,end_us\n");
         for (unsigned b = 0; b < blocks; b++) {
             fprintf(f, "%u,%u,%u,%llu", b, b % tl_grid_x, b / tl_grid_x, st[(size_t)b * W + TL_EVENTS]);
             for (int e = 0; e < TL_EVENTS; e++) {
