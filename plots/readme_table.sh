@@ -151,6 +151,49 @@ table=$(csv_awk -f "$here/grid.awk" -v N="$n" -v D="$d" -v gpu="$gpu" -v gfile="
     }
   }' "$here/labels.csv" "$ccsv" "$gcsv")
 
+# Generation (the decode stages, bench/data/<gpu>_decode.csv from make bench-decode): the latest
+# run (the commit of the file's last stage row) at B = 1 and 8 and three cache lengths, each stage
+# at its own slices (a shape's first row of the stage in a run; the second is its --splits 1, the
+# training kernel's grid), against the copy bandwidth and the fastest PyTorch backend of that run.
+dcsv="$data/${gpu}_decode.csv"
+DECODE_BATCHES="1 8"
+DECODE_KV_LENS="4096 16384 131072"
+if [ -r "$dcsv" ]; then
+  decode=$(csv_awk -v batches="$DECODE_BATCHES" -v kvs="$DECODE_KV_LENS" -v dfile="${dcsv#"$root"/}" '
+    FNR == 1 { next }
+    get("stage") ~ /^stage/ { last = get("commit") }
+    { row[NR] = $0; com[NR] = get("commit") }
+    END {
+      if (last == "") exit
+      nk = split(kvs, kv, " "); nbs = split(batches, bs, " ")
+      for (i = 1; i <= NR; i++) {
+        if (com[i] != last) continue
+        $0 = row[i]; s = get("stage"); key = get("batch") " " get("kv_len"); ms = get("ms_median") * 1e3
+        if (s ~ /^torch-/) { tt[s " " key] = ms; if (!(s in isb)) { isb[s]; bk[++nb] = s }; continue } # (the later wins)
+        if (s !~ /^stage/) continue
+        if (++cnt[s " " key] % 2 == 0) { one[s " " key] = ms; continue } # (a run at the same commit again: the later pair)
+        if (!(s in seen)) { seen[s]; st[++ns] = s }
+        t[s " " key] = ms; pct[s " " key] = get("pct_of_copy"); sp[s " " key] = get("splits"); copy = get("copy_gbps")
+        shape = sprintf("%s query heads over %s KV heads, d = %s, %s", get("heads"), get("kv_heads"), get("dim"), get("dtype"))
+      }
+      for (i = 1; i <= nb; i++) for (bi = 1; bi <= nbs; bi++) for (k = 1; k <= nk; k++) {
+        key = bs[bi] " " kv[k]
+        if ((bk[i] " " key) in tt && (!(key in best) || tt[bk[i] " " key] < best[key])) { best[key] = tt[bk[i] " " key]; who[key] = bk[i] }
+      }
+      printf "\n\nGeneration (`make bench-decode`): one query per head against a KV cache of N_kv positions, %s; `%s`, run %s, in which a device-to-device copy of 1 GiB ran at %.1f GB/s: the percentages are of it (a kernel that only reads can pass it).\n\n", shape, dfile, last, copy
+      print "| stage | B | N_kv | time | of the copy bandwidth | --splits 1 (a block per batch and KV head) | the fastest PyTorch backend, same run |"
+      print "|---|---|---|---|---|---|---|"
+      for (j = 1; j <= ns; j++) for (bi = 1; bi <= nbs; bi++) for (k = 1; k <= nk; k++) {
+        key = bs[bi] " " kv[k]; sk = st[j] " " key
+        if (!(sk in t)) continue
+        printf "| %s | %s | %s | %.1f µs (%s slices) | %.1f%% | %s | %s |\n", substr(st[j], 6), bs[bi], kv[k], t[sk], sp[sk], pct[sk],
+          (sk in one) ? sprintf("%.1f µs", one[sk]) : "–",
+          (key in best) ? sprintf("%s %.1f µs: stage %s %.2f× as fast", who[key], best[key], substr(st[j], 6), best[key] / t[sk]) : "–"
+      }
+    }' "$dcsv")
+  table+=$decode
+fi
+
 if [ -z "$splice" ]; then
   echo "$table"
   exit 0
