@@ -8,7 +8,8 @@
 #     between), at its own number of slices and at --splits 1 (one block per (batch, KV head, row
 #     tile): the training kernel's grid, the waste this stage removes);
 #   - a copy with the same HBM traffic as each shape's K and V, timed the same way (stage
-#     d2d-copy: bench/copy_bw --bytes --flush-l2), the fixed cost of one timed run of that size;
+#     d2d-copy: bench/copy_bw --bytes --flush-l2), the fixed cost of one timed run of that size,
+#     and a kernel that only reads K's and V's bytes (stage hbm-read: copy_bw --read), the floor;
 #   - PyTorch's scaled_dot_product_attention, every CUDA backend that takes the shape
 #     (bench/torch_decode.py: K and V grouped where the backend takes it, repeated per head where not),
 #     with the same L2 flush, when python3 with CUDA-enabled torch is present.
@@ -91,29 +92,36 @@ done; done; done; done
 [ -n "$header" ] || { echo "bench_decode: no stage printed a row" >&2; exit 1; }
 header="$header,gqa"
 
-# The fixed cost of one timed run: a device-to-device copy with the HBM traffic of each shape's K
-# and V (half of the bytes read, half written), timed as the stages are (bench/copy_bw --flush-l2:
-# the L2 emptied before each, events around one copy). The 1 GiB copy above is the bandwidth;
-# this one is the most that bandwidth gives a single run of that size. A row per shape, stage
-# "d2d-copy", in the stages' columns (the shape of the first stage's row of it, the copy's times,
-# no check; its kv_gbps and pct_of_copy computed as the stages' are).
-for b in $BATCHES; do for nkv in $KV_LENS; do
+# The fixed cost of one timed run, two ways, each timed as the stages are (bench/copy_bw --flush-l2:
+# the L2 emptied before each, events around one run): stage "d2d-copy", a device-to-device copy
+# with the HBM traffic of each shape's K and V (half of the bytes read, half written); stage
+# "hbm-read", a kernel that only reads all of them and does nothing else (copy_bw --read), the
+# floor of any kernel that reads them. The 1 GiB copy above is the bandwidth; these are the most
+# it gives a single run of that size. A row per shape and kind, in the stages' columns (the shape
+# of the first stage's row of it, their times, no check; kv_gbps and pct_of_copy computed as the
+# stages' are).
+for b in $BATCHES; do for nkv in $KV_LENS; do for kind in d2d-copy hbm-read; do
   kvb=$((4 * b * KV_HEADS * nkv * DIM))
-  if ! cp=$(bench/copy_bw --bytes $((kvb / 2)) --flush-l2 --warmup "$WARMUP" --iters "$ITERS" 2> /dev/null); then
-    echo "d2d-copy B=$b N_kv=$nkv ... FAILED" >&2
+  case $kind in
+    d2d-copy) args=(--bytes $((kvb / 2))) ;;
+    hbm-read) args=(--read --bytes "$kvb") ;;
+  esac
+  if ! cp=$(bench/copy_bw "${args[@]}" --flush-l2 --warmup "$WARMUP" --iters "$ITERS" 2> /dev/null); then
+    echo "$kind B=$b N_kv=$nkv ... FAILED" >&2
     failed=1
     continue
   fi
   ms=$(csv_awk '{ print get("ms_median") }' <<< "$cp")
   mn=$(csv_awk '{ print get("ms_min") }' <<< "$cp")
-  { echo "$header"; cat "$rows"; } | csv_awk -v b="$b" -v nkv="$nkv" -v ms="$ms" -v mn="$mn" '
+  { echo "$header"; cat "$rows"; } | csv_awk -v b="$b" -v nkv="$nkv" -v ms="$ms" -v mn="$mn" -v kind="$kind" '
     BEGIN { OFS = "," }
     !done && get("batch") == b && get("kv_len") == nkv {
-      $col["stage"] = "d2d-copy"; $col["ms_median"] = ms; $col["ms_min"] = mn; $col["tflops"] = ""
+      $col["stage"] = kind; $col["ms_median"] = ms; $col["ms_min"] = mn; $col["tflops"] = ""
       $col["max_err"] = ""; $col["check"] = "skip"; $col["extra_bytes"] = 0; $col["splits"] = ""; $col["gqa"] = "-"
       print; done = 1 }' >> "$rows"
-  echo "d2d-copy B=$b N_kv=$nkv ... $(awk -v ms="$ms" -v bytes="$kvb" 'BEGIN { printf "%.1f us, %.0f GB/s read + written", 1e3 * ms, bytes / (ms * 1e-3) / 1e9 }')" >&2
-done; done
+  echo "$kind B=$b N_kv=$nkv ... $(awk -v ms="$ms" -v bytes="$kvb" -v kind="$kind" 'BEGIN {
+    printf "%.1f us, %.0f GB/s %s", 1e3 * ms, bytes / (ms * 1e-3) / 1e9, kind == "d2d-copy" ? "read + written" : "read" }')" >&2
+done; done; done
 
 if [ "${TORCH:-1}" != 0 ] && python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
   # shellcheck disable=SC2086
@@ -138,6 +146,7 @@ echo "bench_decode: copy bandwidth $copy_before GB/s before the runs, $copy_afte
   { key = get("batch") " " get("kv_len"); s = get("stage"); ms = get("ms_median") + 0
     if (s ~ /^torch-/) { if (!(key in best) || ms < best[key]) { best[key] = ms; who[key] = s } ; next }
     if (s == "d2d-copy") { copy_ms[key] = ms; next }
+    if (s == "hbm-read") { read_ms[key] = ms; next }
     if (!(s in isstage)) next
     # the first row of a (stage, shape) is the run at the stage'"'"'s own rule; the second its --splits 1
     if ((s " " key) in seen) { one[s " " key] = ms; next }
@@ -150,6 +159,7 @@ echo "bench_decode: copy bandwidth $copy_before GB/s before the runs, $copy_afte
       line = sprintf("%s B=%s N_kv=%6d: %7.1f us, %5.1f%% of copy (%s slices; --splits 1: %s us)", f[1], f[2], nkv,
                      1e3 * t[k], pct[k], sp[k], (k in one) ? sprintf("%.1f", 1e3 * one[k]) : "-")
       if (key in copy_ms) line = line sprintf(", a copy of its bytes %.1f us", 1e3 * copy_ms[key])
+      if (key in read_ms) line = line sprintf(", a read of them %.1f us", 1e3 * read_ms[key])
       if (key in best) line = line sprintf(", best torch %s %.1f us: %.2fx", who[key], 1e3 * best[key], best[key] / t[k])
       verdict = ""
       if (nkv >= 16384 && pct[k] < 80) { verdict = verdict " [below 80% of copy]"; ok = 0 }

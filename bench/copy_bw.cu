@@ -10,8 +10,13 @@
  * --flush-l2 empties the L2 before each timed copy (common/cuda/l2_flush.cuh), as a stage's
  * --flush-l2 does, so that its source comes from HBM. bench_decode.sh times a copy of the K and V
  * bytes of each shape so (half of them read, half written: the same HBM traffic) beside the stage.
- * Prints a CSV header and one row (bytes,ms_median,ms_min,copy_gbps,device), nothing else on stdout.
- * Run: make bench/copy_bw && bench/copy_bw [--mib 1024 | --bytes B] [--flush-l2] [--warmup 3] [--iters 20]
+ * --read times a kernel that only reads the bytes instead (read_kernel: every SM full of threads,
+ * each with four 16-byte loads in flight, nothing written): the least time any kernel that reads
+ * them takes, timed the same way; a decode kernel's floor at its shape is `--read --bytes` its K
+ * and V bytes `--flush-l2`. Its bandwidth is bytes / time.
+ * Prints a CSV header and one row (bytes,ms_median,ms_min,copy_gbps,device; with --read the fourth
+ * column is read_gbps), nothing else on stdout.
+ * Run: make bench/copy_bw && bench/copy_bw [--mib 1024 | --bytes B] [--read] [--flush-l2] [--warmup 3] [--iters 20]
  */
 #include "common/cuda/cuda_check.h"
 #include "common/cuda/l2_flush.cuh"
@@ -25,8 +30,32 @@
 
 static void usage_error(const char *why)
 {
-    fprintf(stderr, "copy_bw: %s (usage: copy_bw [--mib M | --bytes B] [--flush-l2] [--warmup W] [--iters I])\n", why);
+    fprintf(stderr, "copy_bw: %s (usage: copy_bw [--mib M | --bytes B] [--read] [--flush-l2] [--warmup W] [--iters I])\n",
+            why);
     exit(2);
+}
+
+/* --read: every 16 bytes of buf read once, four loads in flight per thread before any is used; the
+ * XOR of what was read reaches `sink` only if it is a value it never is (buf holds the byte 1
+ * everywhere, so every 16 bytes XOR to 0), which keeps the compiler from dropping the loads. */
+constexpr int READ_THREADS = 256, READ_UNROLL = 4;
+static __global__ void __launch_bounds__(READ_THREADS) read_kernel(const uint4 *buf, size_t n, unsigned *sink)
+{
+    const size_t stride = (size_t)gridDim.x * READ_THREADS;
+    size_t k = (size_t)blockIdx.x * READ_THREADS + threadIdx.x;
+    unsigned acc = 0;
+    for (; k + (READ_UNROLL - 1) * stride < n; k += READ_UNROLL * stride) {
+        uint4 v[READ_UNROLL];
+#pragma unroll
+        for (int u = 0; u < READ_UNROLL; u++) v[u] = __ldcs(buf + k + u * stride);
+#pragma unroll
+        for (int u = 0; u < READ_UNROLL; u++) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    }
+    for (; k < n; k += stride) {
+        const uint4 v = __ldcs(buf + k);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x9e3779b9u) *sink = acc;
 }
 
 /* a whole number from lo to hi, or exit 2 naming the option */
@@ -45,11 +74,15 @@ static long long parse_count(const char *name, const char *text, long long lo, l
 int main(int argc, char **argv)
 {
     size_t bytes = (size_t)1024 << 20;
-    int warmup = 3, iters = 20, flush_l2 = 0;
+    int warmup = 3, iters = 20, flush_l2 = 0, read_only = 0;
     for (int k = 1; k < argc; k++) {
         const char *a = argv[k];
         if (!strcmp(a, "--flush-l2")) {
             flush_l2 = 1;
+            continue;
+        }
+        if (!strcmp(a, "--read")) {
+            read_only = 1;
             continue;
         }
         if (strcmp(a, "--mib") && strcmp(a, "--bytes") && strcmp(a, "--warmup") && strcmp(a, "--iters")) {
@@ -75,11 +108,13 @@ int main(int argc, char **argv)
     }
     cudaDeviceProp p;
     CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
-    void *src, *dst;
+    void *src, *dst = NULL;
     CUDA_CHECK(cudaMalloc(&src, bytes));
-    CUDA_CHECK(cudaMalloc(&dst, bytes));
     CUDA_CHECK(cudaMemset(src, 1, bytes)); /* touched once, so no first-use cost lands in a timed run */
-    CUDA_CHECK(cudaMemset(dst, 0, bytes));
+    if (!read_only) {
+        CUDA_CHECK(cudaMalloc(&dst, bytes));
+        CUDA_CHECK(cudaMemset(dst, 0, bytes));
+    }
     /* --flush-l2: a zeroed buffer twice the L2's size, read before each timed copy */
     void *flush = NULL;
     unsigned *sink = NULL;
@@ -87,9 +122,17 @@ int main(int argc, char **argv)
     if (flush_l2) {
         CUDA_CHECK(cudaMalloc(&flush, flush_bytes));
         CUDA_CHECK(cudaMemset(flush, 0, flush_bytes));
-        CUDA_CHECK(cudaMalloc(&sink, sizeof *sink));
     }
-    for (int w = 0; w < warmup; w++) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice));
+    CUDA_CHECK(cudaMalloc(&sink, sizeof *sink));
+    /* --read: as many blocks as the SMs hold at once, so that one wave reads everything */
+    int per_sm = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, read_kernel, READ_THREADS, 0));
+    const int read_blocks = p.multiProcessorCount * std::max(per_sm, 1);
+    auto timed = [&]() {
+        if (read_only) read_kernel<<<read_blocks, READ_THREADS>>>((const uint4 *)src, bytes / 16, sink);
+        else CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice));
+    };
+    for (int w = 0; w < warmup; w++) timed();
     std::vector<cudaEvent_t> start(iters), stop(iters);
     for (int it = 0; it < iters; it++) {
         CUDA_CHECK(cudaEventCreate(&start[it]));
@@ -98,9 +141,10 @@ int main(int argc, char **argv)
     for (int it = 0; it < iters; it++) {
         if (flush_l2) l2_flush(flush, flush_bytes, sink);
         CUDA_CHECK(cudaEventRecord(start[it]));
-        CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice));
+        timed();
         CUDA_CHECK(cudaEventRecord(stop[it]));
     }
+    CUDA_CHECK(cudaGetLastError());
     CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<double> t(iters);
     for (int it = 0; it < iters; it++) {
@@ -113,16 +157,20 @@ int main(int argc, char **argv)
     /* the device's name, commas dropped (a CSV field) */
     for (char *c = p.name; *c; c++)
         if (*c == ',') *c = ' ';
-    printf("bytes,ms_median,ms_min,copy_gbps,device\n");
-    printf("%zu,%.4f,%.4f,%.1f,%s\n", bytes, median, t[0], 2.0 * bytes / (median * 1e-3) / 1e9, p.name);
-    fprintf(stderr, "copy_bw: %s: cudaMemcpy of %.1f MiB device to device in %.4f ms (median of %d%s): %.1f GB/s "
-                    "read + written\n", p.name, bytes / 1048576.0, median, iters, flush_l2 ? ", L2 flushed before each" : "",
-            2.0 * bytes / (median * 1e-3) / 1e9);
+    const double gbps = (read_only ? 1.0 : 2.0) * bytes / (median * 1e-3) / 1e9;
+    printf("bytes,ms_median,ms_min,%s,device\n", read_only ? "read_gbps" : "copy_gbps");
+    printf("%zu,%.4f,%.4f,%.1f,%s\n", bytes, median, t[0], gbps, p.name);
+    if (read_only)
+        fprintf(stderr, "copy_bw: %s: a kernel that reads %.1f MiB (%d blocks of %d threads) in %.4f ms (median of %d%s): "
+                        "%.1f GB/s read\n", p.name, bytes / 1048576.0, read_blocks, READ_THREADS, median, iters,
+                flush_l2 ? ", L2 flushed before each" : "", gbps);
+    else
+        fprintf(stderr, "copy_bw: %s: cudaMemcpy of %.1f MiB device to device in %.4f ms (median of %d%s): %.1f GB/s "
+                        "read + written\n", p.name, bytes / 1048576.0, median, iters,
+                flush_l2 ? ", L2 flushed before each" : "", gbps);
     CUDA_CHECK(cudaFree(src));
-    CUDA_CHECK(cudaFree(dst));
-    if (flush_l2) {
-        CUDA_CHECK(cudaFree(flush));
-        CUDA_CHECK(cudaFree(sink));
-    }
+    if (dst) CUDA_CHECK(cudaFree(dst));
+    if (flush) CUDA_CHECK(cudaFree(flush));
+    CUDA_CHECK(cudaFree(sink));
     return 0;
 }
