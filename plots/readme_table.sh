@@ -170,6 +170,7 @@ if [ -r "$dcsv" ]; then
         if (com[i] != last) continue
         $0 = row[i]; s = get("stage"); key = get("batch") " " get("kv_len"); ms = get("ms_median") * 1e3
         if (s ~ /^torch-/) { tt[s " " key] = ms; if (!(s in isb)) { isb[s]; bk[++nb] = s }; continue } # (the later wins)
+        if (s == "hbm-read") { rd[key] = ms; continue }
         if (s !~ /^stage/) continue
         if (++cnt[s " " key] % 2 == 0) { one[s " " key] = ms; continue } # (a run at the same commit again: the later pair)
         if (!(s in seen)) { seen[s]; st[++ns] = s }
@@ -181,12 +182,14 @@ if [ -r "$dcsv" ]; then
         if ((bk[i] " " key) in tt && (!(key in best) || tt[bk[i] " " key] < best[key])) { best[key] = tt[bk[i] " " key]; who[key] = bk[i] }
       }
       printf "\n\nGeneration (`make bench-decode`): one query per head against a KV cache of N_kv positions, %s; `%s`, run %s, in which a device-to-device copy of 1 GiB ran at %.1f GB/s: the percentages are of it (a kernel that only reads can pass it).\n\n", shape, dfile, last, copy
-      print "| stage | B | N_kv | time | of the copy bandwidth | --splits 1 (a block per batch and KV head) | the fastest PyTorch backend, same run |"
-      print "|---|---|---|---|---|---|---|"
+      nr = 0; for (key in rd) nr++ # (runs before bench-decode timed the read have no such rows: no column)
+      printf "| stage | B | N_kv | time | of the copy bandwidth |%s --splits 1 (a block per batch and KV head) | the fastest PyTorch backend, same run |\n", nr ? " a kernel that only reads K and V |" : ""
+      print "|---|---|---|---|---|---|---|" (nr ? "---|" : "")
       for (j = 1; j <= ns; j++) for (bi = 1; bi <= nbs; bi++) for (k = 1; k <= nk; k++) {
         key = bs[bi] " " kv[k]; sk = st[j] " " key
         if (!(sk in t)) continue
-        printf "| %s | %s | %s | %.1f µs (%s slices) | %.1f%% | %s | %s |\n", substr(st[j], 6), bs[bi], kv[k], t[sk], sp[sk], pct[sk],
+        printf "| %s | %s | %s | %.1f µs (%s slices) | %.1f%% |%s %s | %s |\n", substr(st[j], 6), bs[bi], kv[k], t[sk], sp[sk], pct[sk],
+          !nr ? "" : (key in rd) ? sprintf(" %.1f µs |", rd[key]) : " – |",
           (sk in one) ? sprintf("%.1f µs", one[sk]) : "–",
           (key in best) ? sprintf("%s %.1f µs: stage %s %.2f× as fast", who[key], best[key], substr(st[j], 6), best[key] / t[sk]) : "–"
       }
