@@ -14,12 +14,20 @@
  * each with four 16-byte loads in flight, nothing written): the least time any kernel that reads
  * them takes, timed the same way; a decode kernel's floor at its shape is `--read --bytes` its K
  * and V bytes `--flush-l2`. Its bandwidth is bytes / time.
- * Prints a CSV header and one row (bytes,ms_median,ms_min,copy_gbps,device; with --read the fourth
- * column is read_gbps), nothing else on stdout.
- * Run: make bench/copy_bw && bench/copy_bw [--mib 1024 | --bytes B] [--read] [--flush-l2] [--warmup 3] [--iters 20]
+ * --read-ring reads them the way stage 14 streams K and V, computing nothing (read_ring_kernel: a
+ * block per contiguous run of the bytes, through a cp.async ring of three 32 KiB tiles in shared
+ * memory, a barrier per tile, every block resident at once): what the stage's loop costs without
+ * its arithmetic and without its merge.
+ * --empty times a kernel that does nothing (one warp): what a launch costs as the events see it,
+ * the part of every timed run that no kernel can remove (--bytes is then ignored and reported 0).
+ * Prints a CSV header and one row (bytes,ms_median,ms_min,copy_gbps,device; with --read,
+ * --read-ring and --empty the fourth column is read_gbps), nothing else on stdout.
+ * Run: make bench/copy_bw && bench/copy_bw [--mib 1024 | --bytes B] [--read | --read-ring | --empty] [--flush-l2]
+ *      [--warmup 3] [--iters 20]
  */
 #include "common/cuda/cuda_check.h"
 #include "common/cuda/l2_flush.cuh"
+#include "common/cuda/mma.cuh"
 
 #include <algorithm>
 #include <cuda_runtime.h>
@@ -30,7 +38,8 @@
 
 static void usage_error(const char *why)
 {
-    fprintf(stderr, "copy_bw: %s (usage: copy_bw [--mib M | --bytes B] [--read] [--flush-l2] [--warmup W] [--iters I])\n",
+    fprintf(stderr, "copy_bw: %s (usage: copy_bw [--mib M | --bytes B] [--read | --read-ring | --empty] [--flush-l2] [--warmup W] "
+            "[--iters I])\n",
             why);
     exit(2);
 }
@@ -58,6 +67,40 @@ static __global__ void __launch_bounds__(READ_THREADS) read_kernel(const uint4 *
     if (acc == 0x9e3779b9u) *sink = acc;
 }
 
+/* --read-ring: the block's run of the n 16-byte words, RING_TILE bytes at a time, into a ring of
+ * STAGES tiles (common/cuda/mma.cuh's cp.async; a plain copy on Turing), as stage 14's loop: wait
+ * for tile t, a barrier (every thread is done with tile t - 1), ask for tile t + STAGES - 1 into
+ * tile t - 1's buffer, then read one word of tile t (the stage computes on it there). */
+constexpr int RING_THREADS = 128, RING_TILE = 32768, RING_WORDS = RING_TILE / 16;
+template <int STAGES>
+static __global__ void __launch_bounds__(RING_THREADS) read_ring_kernel(const uint4 *buf, size_t n, unsigned *sink)
+{
+    extern __shared__ uint4 ring[]; /* [STAGES][RING_WORDS] */
+    const size_t per = (n + gridDim.x - 1) / gridDim.x, first = blockIdx.x * per;
+    const size_t lo = first < n ? first : n, hi = n - lo < per ? n : lo + per;
+    const int tiles = (int)((hi - lo + RING_WORDS - 1) / RING_WORDS);
+    auto ask = [&](int t) { /* tile t's copies, one group (empty past the last tile) */
+        const size_t w0 = lo + (size_t)t * RING_WORDS;
+        if (t < tiles)
+            for (size_t i = threadIdx.x; i < RING_WORDS && w0 + i < hi; i += RING_THREADS)
+                cp_async_16(ring + (t % STAGES) * RING_WORDS + i, buf + w0 + i);
+        cp_async_commit();
+    };
+    for (int t = 0; t < STAGES - 1; t++) ask(t);
+    unsigned acc = 0;
+    for (int t = 0; t < tiles; t++) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        ask(t + STAGES - 1);
+        const uint4 v = ring[(t % STAGES) * RING_WORDS + threadIdx.x]; /* (a word the tile may not fill: never 0x9e..) */
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x9e3779b9u) *sink = acc;
+}
+
+/* --empty: nothing */
+static __global__ void empty_kernel() {}
+
 /* a whole number from lo to hi, or exit 2 naming the option */
 static long long parse_count(const char *name, const char *text, long long lo, long long hi)
 {
@@ -74,15 +117,17 @@ static long long parse_count(const char *name, const char *text, long long lo, l
 int main(int argc, char **argv)
 {
     size_t bytes = (size_t)1024 << 20;
-    int warmup = 3, iters = 20, flush_l2 = 0, read_only = 0;
+    int warmup = 3, iters = 20, flush_l2 = 0;
+    enum { COPY, READ, READ_RING, EMPTY } mode = COPY;
     for (int k = 1; k < argc; k++) {
         const char *a = argv[k];
         if (!strcmp(a, "--flush-l2")) {
             flush_l2 = 1;
             continue;
         }
-        if (!strcmp(a, "--read")) {
-            read_only = 1;
+        if (!strcmp(a, "--read") || !strcmp(a, "--read-ring") || !strcmp(a, "--empty")) {
+            if (mode != COPY) usage_error("--read, --read-ring and --empty: one of them at most");
+            mode = !strcmp(a, "--read") ? READ : !strcmp(a, "--read-ring") ? READ_RING : EMPTY;
             continue;
         }
         if (strcmp(a, "--mib") && strcmp(a, "--bytes") && strcmp(a, "--warmup") && strcmp(a, "--iters")) {
@@ -108,10 +153,13 @@ int main(int argc, char **argv)
     }
     cudaDeviceProp p;
     CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
-    void *src, *dst = NULL;
-    CUDA_CHECK(cudaMalloc(&src, bytes));
-    CUDA_CHECK(cudaMemset(src, 1, bytes)); /* touched once, so no first-use cost lands in a timed run */
-    if (!read_only) {
+    if (mode == EMPTY) bytes = 0;
+    void *src = NULL, *dst = NULL;
+    if (bytes) {
+        CUDA_CHECK(cudaMalloc(&src, bytes));
+        CUDA_CHECK(cudaMemset(src, 1, bytes)); /* touched once, so no first-use cost lands in a timed run */
+    }
+    if (mode == COPY) {
         CUDA_CHECK(cudaMalloc(&dst, bytes));
         CUDA_CHECK(cudaMemset(dst, 0, bytes));
     }
@@ -124,12 +172,31 @@ int main(int argc, char **argv)
         CUDA_CHECK(cudaMemset(flush, 0, flush_bytes));
     }
     CUDA_CHECK(cudaMalloc(&sink, sizeof *sink));
-    /* --read: as many blocks as the SMs hold at once, so that one wave reads everything */
-    int per_sm = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, read_kernel, READ_THREADS, 0));
-    const int read_blocks = p.multiProcessorCount * std::max(per_sm, 1);
+    /* --read, --read-ring: as many blocks as the SMs hold at once, so that one wave reads everything.
+     * The ring takes three tiles where a block may have 96 KiB of shared memory, else two (a T4),
+     * and all of the SM's L1 as shared memory, as stage 14 does (two blocks an SM on an H200). */
+    const uint4 *words = (const uint4 *)src;
+    const size_t n = bytes / 16;
+    int per_sm = 0, threads = 0;
+    const int ring_stages = (size_t)p.sharedMemPerBlockOptin >= 3 * (size_t)RING_TILE ? 3 : 2;
+    const int ring_bytes = ring_stages * RING_TILE;
+    void (*ring_kernel)(const uint4 *, size_t, unsigned *) =
+        ring_stages == 3 ? read_ring_kernel<3> : read_ring_kernel<2>;
+    if (mode == READ) {
+        threads = READ_THREADS;
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, read_kernel, threads, 0));
+    } else if (mode == READ_RING) {
+        threads = RING_THREADS;
+        CUDA_CHECK(cudaFuncSetAttribute(ring_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, ring_bytes));
+        CUDA_CHECK(cudaFuncSetAttribute(ring_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        cudaSharedmemCarveoutMaxShared));
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ring_kernel, threads, ring_bytes));
+    }
+    const int blocks = p.multiProcessorCount * std::max(per_sm, 1);
     auto timed = [&]() {
-        if (read_only) read_kernel<<<read_blocks, READ_THREADS>>>((const uint4 *)src, bytes / 16, sink);
+        if (mode == READ) read_kernel<<<blocks, threads>>>(words, n, sink);
+        else if (mode == READ_RING) ring_kernel<<<blocks, threads, ring_bytes>>>(words, n, sink);
+        else if (mode == EMPTY) empty_kernel<<<1, 32>>>();
         else CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice));
     };
     for (int w = 0; w < warmup; w++) timed();
@@ -157,18 +224,22 @@ int main(int argc, char **argv)
     /* the device's name, commas dropped (a CSV field) */
     for (char *c = p.name; *c; c++)
         if (*c == ',') *c = ' ';
-    const double gbps = (read_only ? 1.0 : 2.0) * bytes / (median * 1e-3) / 1e9;
-    printf("bytes,ms_median,ms_min,%s,device\n", read_only ? "read_gbps" : "copy_gbps");
+    const double gbps = (mode == COPY ? 2.0 : 1.0) * bytes / (median * 1e-3) / 1e9;
+    printf("bytes,ms_median,ms_min,%s,device\n", mode == COPY ? "copy_gbps" : "read_gbps");
     printf("%zu,%.4f,%.4f,%.1f,%s\n", bytes, median, t[0], gbps, p.name);
-    if (read_only)
-        fprintf(stderr, "copy_bw: %s: a kernel that reads %.1f MiB (%d blocks of %d threads) in %.4f ms (median of %d%s): "
-                        "%.1f GB/s read\n", p.name, bytes / 1048576.0, read_blocks, READ_THREADS, median, iters,
-                flush_l2 ? ", L2 flushed before each" : "", gbps);
-    else
+    const char *flushed = flush_l2 ? ", L2 flushed before each" : "";
+    if (mode == COPY)
         fprintf(stderr, "copy_bw: %s: cudaMemcpy of %.1f MiB device to device in %.4f ms (median of %d%s): %.1f GB/s "
-                        "read + written\n", p.name, bytes / 1048576.0, median, iters,
-                flush_l2 ? ", L2 flushed before each" : "", gbps);
-    CUDA_CHECK(cudaFree(src));
+                        "read + written\n", p.name, bytes / 1048576.0, median, iters, flushed, gbps);
+    else if (mode == EMPTY)
+        fprintf(stderr, "copy_bw: %s: a kernel that does nothing in %.4f ms (median of %d%s)\n", p.name, median, iters,
+                flushed);
+    else
+        fprintf(stderr, "copy_bw: %s: a kernel that reads %.1f MiB (%d blocks of %d threads%s) in %.4f ms (median of "
+                        "%d%s): %.1f GB/s read\n", p.name, bytes / 1048576.0, blocks, threads,
+                mode == READ_RING ? (ring_stages == 3 ? ", a ring of 3 x 32 KiB" : ", a ring of 2 x 32 KiB") : "",
+                median, iters, flushed, gbps);
+    if (src) CUDA_CHECK(cudaFree(src));
     if (dst) CUDA_CHECK(cudaFree(dst));
     if (flush) CUDA_CHECK(cudaFree(flush));
     CUDA_CHECK(cudaFree(sink));
