@@ -9,7 +9,7 @@
 #     tile): the training kernel's grid, the waste this stage removes);
 #   - a copy with the same HBM traffic as each shape's K and V, timed the same way (stage
 #     d2d-copy: bench/copy_bw --bytes --flush-l2), the fixed cost of one timed run of that size,
-#     and a kernel that only reads K's and V's bytes (stage hbm-read: copy_bw --read), the floor;
+#     and a kernel that only reads K's and V's bytes (stage hbm-read: copy_bw --read), about the floor;
 #   - PyTorch's scaled_dot_product_attention, every CUDA backend that takes the shape
 #     (bench/torch_decode.py: K and V grouped where the backend takes it, repeated per head where not),
 #     with the same L2 flush, when python3 with CUDA-enabled torch is present.
@@ -95,11 +95,12 @@ header="$header,gqa"
 # The fixed cost of one timed run, two ways, each timed as the stages are (bench/copy_bw --flush-l2:
 # the L2 emptied before each, events around one run): stage "d2d-copy", a device-to-device copy
 # with the HBM traffic of each shape's K and V (half of the bytes read, half written); stage
-# "hbm-read", a kernel that only reads all of them and does nothing else (copy_bw --read), the
-# floor of any kernel that reads them. The 1 GiB copy above is the bandwidth; these are the most
-# it gives a single run of that size. A row per shape and kind, in the stages' columns (the shape
-# of the first stage's row of it, their times, no check; kv_gbps and pct_of_copy computed as the
-# stages' are).
+# "hbm-read", a kernel that only reads all of them and does nothing else (copy_bw --read), about
+# the floor of any kernel that reads them (copy_bw --read-ring, stage 14's own stream computing
+# nothing, is up to 1 us faster below 128 MiB and slower at 256: note 14). The 1 GiB copy above
+# is the bandwidth; these are the most it gives a single run of that size. A row per shape and
+# kind, in the stages' columns (the shape of the first stage's row of it, their times, no check;
+# kv_gbps and pct_of_copy computed as the stages' are).
 for b in $BATCHES; do for nkv in $KV_LENS; do for kind in d2d-copy hbm-read; do
   kvb=$((4 * b * KV_HEADS * nkv * DIM))
   case $kind in
