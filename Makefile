@@ -240,7 +240,7 @@ bench-decode: $(DECODE_BINS) bench/copy_bw
 	FA_COMMIT=$(COMMIT) STAGES="$(DECODE_BINS)" bench/bench_decode.sh
 
 # the yardstick of a memory-bound stage: device-to-device cudaMemcpy bandwidth (bench/copy_bw.cu)
-bench/copy_bw: bench/copy_bw.cu common/cuda/l2_flush.cuh common/cuda/mma.cuh common/cuda/cuda_check.h
+bench/copy_bw: bench/copy_bw.cu common/cuda/l2_flush.cuh common/cuda/mma.cuh common/cuda/cuda_check.h common/cuda/tma.cuh
 	@$(if $(Q),echo "  NVCC  $@")
 	$(Q)$(NVCC) -std=c++17 -O3 -I. $(NVCC_ARCH) -Xcompiler -Wall,-Wextra $< -o $@
 

@@ -18,16 +18,20 @@
  * block per contiguous run of the bytes, through a cp.async ring of three 32 KiB tiles in shared
  * memory, a barrier per tile, every block resident at once): what the stage's loop costs without
  * its arithmetic and without its merge.
+ * --read-bulk reads them through the same blocks and ring, each tile brought by the copy engine in
+ * --pieces P bulk copies that one thread asks for (read_bulk_kernel; compute capability 9.0): whether
+ * a stream that issues a few large copies per tile instead of 2048 small ones reads faster.
  * --empty times a kernel that does nothing (one warp): what a launch costs as the events see it,
  * the part of every timed run that no kernel can remove (--bytes is then ignored and reported 0).
  * Prints a CSV header and one row (bytes,ms_median,ms_min,copy_gbps,device; with --read,
- * --read-ring and --empty the fourth column is read_gbps), nothing else on stdout.
- * Run: make bench/copy_bw && bench/copy_bw [--mib 1024 | --bytes B] [--read | --read-ring | --empty] [--flush-l2]
- *      [--warmup 3] [--iters 20]
+ * --read-ring, --read-bulk and --empty the fourth column is read_gbps), nothing else on stdout.
+ * Run: make bench/copy_bw && bench/copy_bw [--mib 1024 | --bytes B] [--read | --read-ring | --read-bulk [--pieces 1]
+ *      | --empty] [--flush-l2] [--warmup 3] [--iters 20]
  */
 #include "common/cuda/cuda_check.h"
 #include "common/cuda/l2_flush.cuh"
 #include "common/cuda/mma.cuh"
+#include "common/cuda/tma.cuh"
 
 #include <algorithm>
 #include <cuda_runtime.h>
@@ -38,8 +42,8 @@
 
 static void usage_error(const char *why)
 {
-    fprintf(stderr, "copy_bw: %s (usage: copy_bw [--mib M | --bytes B] [--read | --read-ring | --empty] [--flush-l2] [--warmup W] "
-            "[--iters I])\n",
+    fprintf(stderr, "copy_bw: %s (usage: copy_bw [--mib M | --bytes B] [--read | --read-ring | --read-bulk [--pieces P] | "
+            "--empty] [--flush-l2] [--warmup W] [--iters I])\n",
             why);
     exit(2);
 }
@@ -98,6 +102,52 @@ static __global__ void __launch_bounds__(RING_THREADS) read_ring_kernel(const ui
     if (acc == 0x9e3779b9u) *sink = acc;
 }
 
+/* --read-bulk: the blocks, the runs and the ring of --read-ring, but each tile comes by the copy
+ * engine: one thread asks for it in `pieces` bulk copies (common/cuda/tma.cuh's bulk_load_1d), whose
+ * bytes land counted on the tile's mbarrier, where --read-ring has every thread issue 16 cp.async
+ * of 16 bytes. Whether the stream itself is faster when an SM asks for its bytes in a few large
+ * copies. Compute capability 9.0 (the host refuses below it; the body compiles to nothing there). */
+template <int STAGES>
+static __global__ void __launch_bounds__(RING_THREADS) read_bulk_kernel(const uint4 *buf, size_t n, unsigned *sink,
+                                                                        int pieces)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    extern __shared__ uint4 ring[]; /* [STAGES][RING_WORDS] */
+    __shared__ uint64_t full[STAGES]; /* full[s]: the tile in ring stage s has landed */
+    const size_t per = (n + gridDim.x - 1) / gridDim.x, first = blockIdx.x * per;
+    const size_t lo = first < n ? first : n, hi = n - lo < per ? n : lo + per;
+    const int tiles = (int)((hi - lo + RING_WORDS - 1) / RING_WORDS);
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) mbar_init(&full[s], 1);
+        mbar_fence_init();
+    }
+    __syncthreads(); /* the barriers initialized before any thread waits on one */
+    auto ask = [&](int t) { /* thread 0: tile t's bytes in `pieces` copies, announced to its barrier */
+        if (t >= tiles) return;
+        const size_t w0 = lo + (size_t)t * RING_WORDS;
+        const unsigned words = (unsigned)(hi - w0 < RING_WORDS ? hi - w0 : RING_WORDS);
+        const unsigned step = (words + pieces - 1) / pieces;
+        mbar_arrive_expect_tx(&full[t % STAGES], words * 16);
+        for (unsigned w = 0; w < words; w += step)
+            bulk_load_1d(ring + (t % STAGES) * RING_WORDS + w, buf + w0 + w, (words - w < step ? words - w : step) * 16,
+                         &full[t % STAGES]);
+    };
+    if (threadIdx.x == 0)
+        for (int t = 0; t < STAGES - 1; t++) ask(t);
+    unsigned acc = 0;
+    for (int t = 0; t < tiles; t++) {
+        mbar_wait(&full[t % STAGES], (t / STAGES) & 1); /* the (t / STAGES)-th use of its stage */
+        __syncthreads(); /* every thread done with tile t - 1, whose stage the next copies fill */
+        if (threadIdx.x == 0) ask(t + STAGES - 1);
+        const uint4 v = ring[(t % STAGES) * RING_WORDS + threadIdx.x]; /* (a word the tile may not fill: never 0x9e..) */
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x9e3779b9u) *sink = acc;
+#else
+    (void)buf, (void)n, (void)sink, (void)pieces;
+#endif
+}
+
 /* --empty: nothing */
 static __global__ void empty_kernel() {}
 
@@ -118,19 +168,24 @@ int main(int argc, char **argv)
 {
     size_t bytes = (size_t)1024 << 20;
     int warmup = 3, iters = 20, flush_l2 = 0;
-    enum { COPY, READ, READ_RING, EMPTY } mode = COPY;
+    int pieces = 1;
+    enum { COPY, READ, READ_RING, READ_BULK, EMPTY } mode = COPY;
     for (int k = 1; k < argc; k++) {
         const char *a = argv[k];
         if (!strcmp(a, "--flush-l2")) {
             flush_l2 = 1;
             continue;
         }
-        if (!strcmp(a, "--read") || !strcmp(a, "--read-ring") || !strcmp(a, "--empty")) {
-            if (mode != COPY) usage_error("--read, --read-ring and --empty: one of them at most");
-            mode = !strcmp(a, "--read") ? READ : !strcmp(a, "--read-ring") ? READ_RING : EMPTY;
+        if (!strcmp(a, "--read") || !strcmp(a, "--read-ring") || !strcmp(a, "--read-bulk") || !strcmp(a, "--empty")) {
+            if (mode != COPY) usage_error("--read, --read-ring, --read-bulk and --empty: one of them at most");
+            mode = !strcmp(a, "--read")        ? READ
+                   : !strcmp(a, "--read-ring") ? READ_RING
+                   : !strcmp(a, "--read-bulk") ? READ_BULK
+                                               : EMPTY;
             continue;
         }
-        if (strcmp(a, "--mib") && strcmp(a, "--bytes") && strcmp(a, "--warmup") && strcmp(a, "--iters")) {
+        if (strcmp(a, "--mib") && strcmp(a, "--bytes") && strcmp(a, "--warmup") && strcmp(a, "--iters") &&
+            strcmp(a, "--pieces")) {
             char why[160];
             snprintf(why, sizeof why, "unknown option %s", a);
             usage_error(why);
@@ -144,8 +199,10 @@ int main(int argc, char **argv)
         if (!strcmp(a, "--mib")) bytes = (size_t)parse_count(a, v, 1, 1 << 20) << 20;
         else if (!strcmp(a, "--bytes")) bytes = (size_t)parse_count(a, v, 16, 1LL << 40) / 16 * 16;
         else if (!strcmp(a, "--warmup")) warmup = (int)parse_count(a, v, 0, 1 << 20);
+        else if (!strcmp(a, "--pieces")) pieces = (int)parse_count(a, v, 1, RING_WORDS);
         else iters = (int)parse_count(a, v, 1, 1 << 20);
     }
+    if (pieces != 1 && mode != READ_BULK) usage_error("--pieces goes with --read-bulk");
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
         fprintf(stderr, "copy_bw: no CUDA device found\n");
@@ -153,6 +210,11 @@ int main(int argc, char **argv)
     }
     cudaDeviceProp p;
     CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
+    if (mode == READ_BULK && p.major < 9) {
+        fprintf(stderr, "copy_bw: --read-bulk needs compute capability 9.0 or later (cp.async.bulk); %s is %d.%d\n",
+                p.name, p.major, p.minor);
+        return 2;
+    }
     if (mode == EMPTY) bytes = 0;
     void *src = NULL, *dst = NULL;
     if (bytes) {
@@ -172,7 +234,7 @@ int main(int argc, char **argv)
         CUDA_CHECK(cudaMemset(flush, 0, flush_bytes));
     }
     CUDA_CHECK(cudaMalloc(&sink, sizeof *sink));
-    /* --read, --read-ring: as many blocks as the SMs hold at once, so that one wave reads everything.
+    /* --read, --read-ring, --read-bulk: as many blocks as the SMs hold at once, so that one wave reads everything.
      * The ring takes three tiles where a block may have 96 KiB of shared memory, else two (a T4),
      * and all of the SM's L1 as shared memory, as stage 14 does (two blocks an SM on an H200). */
     const uint4 *words = (const uint4 *)src;
@@ -182,20 +244,24 @@ int main(int argc, char **argv)
     const int ring_bytes = ring_stages * RING_TILE;
     void (*ring_kernel)(const uint4 *, size_t, unsigned *) =
         ring_stages == 3 ? read_ring_kernel<3> : read_ring_kernel<2>;
+    void (*bulk_kernel)(const uint4 *, size_t, unsigned *, int) =
+        ring_stages == 3 ? read_bulk_kernel<3> : read_bulk_kernel<2>;
     if (mode == READ) {
         threads = READ_THREADS;
         CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, read_kernel, threads, 0));
-    } else if (mode == READ_RING) {
+    } else if (mode == READ_RING || mode == READ_BULK) {
+        const void *kernel = mode == READ_RING ? (const void *)ring_kernel : (const void *)bulk_kernel;
         threads = RING_THREADS;
-        CUDA_CHECK(cudaFuncSetAttribute(ring_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, ring_bytes));
-        CUDA_CHECK(cudaFuncSetAttribute(ring_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, ring_bytes));
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                         cudaSharedmemCarveoutMaxShared));
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ring_kernel, threads, ring_bytes));
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, ring_bytes));
     }
     const int blocks = p.multiProcessorCount * std::max(per_sm, 1);
     auto timed = [&]() {
         if (mode == READ) read_kernel<<<blocks, threads>>>(words, n, sink);
         else if (mode == READ_RING) ring_kernel<<<blocks, threads, ring_bytes>>>(words, n, sink);
+        else if (mode == READ_BULK) bulk_kernel<<<blocks, threads, ring_bytes>>>(words, n, sink, pieces);
         else if (mode == EMPTY) empty_kernel<<<1, 32>>>();
         else CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice));
     };
@@ -237,8 +303,11 @@ int main(int argc, char **argv)
     else
         fprintf(stderr, "copy_bw: %s: a kernel that reads %.1f MiB (%d blocks of %d threads%s) in %.4f ms (median of "
                         "%d%s): %.1f GB/s read\n", p.name, bytes / 1048576.0, blocks, threads,
-                mode == READ_RING ? (ring_stages == 3 ? ", a ring of 3 x 32 KiB" : ", a ring of 2 x 32 KiB") : "",
+                mode == READ_RING   ? (ring_stages == 3 ? ", a cp.async ring of 3 x 32 KiB" : ", a cp.async ring of 2 x 32 KiB")
+                : mode == READ_BULK ? (ring_stages == 3 ? ", a bulk-copy ring of 3 x 32 KiB" : ", a bulk-copy ring of 2 x 32 KiB")
+                                    : "",
                 median, iters, flushed, gbps);
+    if (mode == READ_BULK) fprintf(stderr, "copy_bw: each tile in %d bulk cop%s\n", pieces, pieces == 1 ? "y" : "ies");
     if (src) CUDA_CHECK(cudaFree(src));
     if (dst) CUDA_CHECK(cudaFree(dst));
     if (flush) CUDA_CHECK(cudaFree(flush));

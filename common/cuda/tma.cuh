@@ -2,7 +2,8 @@
  * landed, and the two instructions a warp-specialized kernel adds (setmaxnreg, named barriers):
  * the plumbing of stage 12's producer and consumers, and of stage 13's turns. sm_90a only, like
  * wgmma.cuh: compile with -gencode arch=compute_90a,code=sm_90a; the code runs on compute
- * capability 9.0 alone.
+ * capability 9.0 alone. (The 1-D bulk copy and the mbarriers are plain sm_90: bench/copy_bw, built
+ * for every architecture, uses them in a kernel whose body exists only for 9.0.)
  *
  * The copy engine. One thread issues cp.async.bulk.tensor with a *tensor map* (a 128-byte
  * description of a tensor in global memory: its base, sizes, strides, the box one copy moves and
@@ -138,6 +139,17 @@ static __device__ __forceinline__ void tma_load_3d(void *dst, const CUtensorMap 
 {
     asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
                  ::"r"(smem_u32(dst)), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar))
+                 : "memory");
+}
+
+/* One thread: `bytes` contiguous bytes (a multiple of 16; both addresses 16-byte aligned) from
+ * global memory at src into shared memory at dst, by the copy engine, with no tensor map; the bytes
+ * count against bar's current phase as they land, as tma_load_3d's do. Plain compute capability
+ * 9.0 has it (sm_90, not only sm_90a). */
+static __device__ __forceinline__ void bulk_load_1d(void *dst, const void *src, unsigned bytes, uint64_t *bar)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 ::"r"(smem_u32(dst)), "l"((uint64_t)src), "r"(bytes), "r"(smem_u32(bar))
                  : "memory");
 }
 
