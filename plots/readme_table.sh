@@ -181,7 +181,7 @@ if [ -r "$dcsv" ]; then
         key = bs[bi] " " kv[k]
         if ((bk[i] " " key) in tt && (!(key in best) || tt[bk[i] " " key] < best[key])) { best[key] = tt[bk[i] " " key]; who[key] = bk[i] }
       }
-      printf "\n\nGeneration (`make bench-decode`): one query per head against a KV cache of N_kv positions, %s; `%s`, run %s, in which a device-to-device copy of 1 GiB ran at %.1f GB/s: the percentages are of it (a kernel that only reads can pass it).\n\n", shape, dfile, last, copy
+      printf "\n\nGeneration (`make bench-decode`): one query per head against a KV cache of N_kv positions, %s; `%s`, run %s, in which a device-to-device copy of 1 GiB ran at %.1f GB/s (the fastest of its timings in the run): the percentages are of it (a kernel that only reads can pass it).\n\n", shape, dfile, last, copy
       nr = 0; for (key in rd) nr++ # (runs before bench-decode timed the read have no such rows: no column)
       printf "| stage | B | N_kv | time | of the copy bandwidth |%s --splits 1 (a block per batch and KV head) | the fastest PyTorch backend, same run |\n", nr ? " a kernel that only reads K and V |" : ""
       print "|---|---|---|---|---|---|---|" (nr ? "---|" : "")
