@@ -4,8 +4,8 @@
 # B = 1 and 8, H = 32 query heads over H_kv = 8 KV heads, d = 128, fp16. In one run:
 #   - the device's copy bandwidth (bench/copy_bw: cudaMemcpy of 1 GiB device to device, 2 x bytes
 #     over the time), before the stages and again after them, each timed twice: back to back, and
-#     with the L2 flushed before each copy (about 1% faster on an H200: a copy that starts with
-#     the last one's dirty lines in L2 writes them back); the highest is the yardstick;
+#     with the L2 flushed before each copy (about 1% faster on an H200, probably because a copy that
+#     starts with the last one's dirty lines in L2 writes them back); the highest is the yardstick;
 #   - each stage with --flush-l2 (K and V come from HBM, as in a decoder where other layers ran in
 #     between), at its own number of slices and at --splits 1 (one block per (batch, KV head, row
 #     tile): the training kernel's grid, the waste this stage removes);

@@ -71,28 +71,39 @@ static __global__ void __launch_bounds__(READ_THREADS) read_kernel(const uint4 *
     if (acc == 0x9e3779b9u) *sink = acc;
 }
 
+/* The block's contiguous run [lo, hi) of the n 16-byte words (the runs within one of each other in
+ * length; a block past the end gets an empty one), and how many tiles of RING_WORDS it takes. */
+constexpr int RING_THREADS = 128, RING_TILE = 32768, RING_WORDS = RING_TILE / 16;
+struct block_run {
+    size_t lo, hi;
+    int tiles;
+};
+static __device__ __forceinline__ block_run run_of_block(size_t n)
+{
+    const size_t per = (n + gridDim.x - 1) / gridDim.x, first = blockIdx.x * per;
+    const size_t lo = first < n ? first : n, hi = n - lo < per ? n : lo + per;
+    return {lo, hi, (int)((hi - lo + RING_WORDS - 1) / RING_WORDS)};
+}
+
 /* --read-ring: the block's run of the n 16-byte words, RING_TILE bytes at a time, into a ring of
  * STAGES tiles (common/cuda/mma.cuh's cp.async; a plain copy on Turing), as stage 14's loop: wait
  * for tile t, a barrier (every thread is done with tile t - 1), ask for tile t + STAGES - 1 into
  * tile t - 1's buffer, then read one word of tile t (the stage computes on it there). */
-constexpr int RING_THREADS = 128, RING_TILE = 32768, RING_WORDS = RING_TILE / 16;
 template <int STAGES>
 static __global__ void __launch_bounds__(RING_THREADS) read_ring_kernel(const uint4 *buf, size_t n, unsigned *sink)
 {
     extern __shared__ uint4 ring[]; /* [STAGES][RING_WORDS] */
-    const size_t per = (n + gridDim.x - 1) / gridDim.x, first = blockIdx.x * per;
-    const size_t lo = first < n ? first : n, hi = n - lo < per ? n : lo + per;
-    const int tiles = (int)((hi - lo + RING_WORDS - 1) / RING_WORDS);
+    const block_run run = run_of_block(n);
     auto ask = [&](int t) { /* tile t's copies, one group (empty past the last tile) */
-        const size_t w0 = lo + (size_t)t * RING_WORDS;
-        if (t < tiles)
-            for (size_t i = threadIdx.x; i < RING_WORDS && w0 + i < hi; i += RING_THREADS)
+        const size_t w0 = run.lo + (size_t)t * RING_WORDS;
+        if (t < run.tiles)
+            for (size_t i = threadIdx.x; i < RING_WORDS && w0 + i < run.hi; i += RING_THREADS)
                 cp_async_16(ring + (t % STAGES) * RING_WORDS + i, buf + w0 + i);
         cp_async_commit();
     };
     for (int t = 0; t < STAGES - 1; t++) ask(t);
     unsigned acc = 0;
-    for (int t = 0; t < tiles; t++) {
+    for (int t = 0; t < run.tiles; t++) {
         cp_async_wait<STAGES - 2>();
         __syncthreads();
         ask(t + STAGES - 1);
@@ -114,18 +125,16 @@ static __global__ void __launch_bounds__(RING_THREADS) read_bulk_kernel(const ui
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ uint4 ring[]; /* [STAGES][RING_WORDS] */
     __shared__ uint64_t full[STAGES]; /* full[s]: the tile in ring stage s has landed */
-    const size_t per = (n + gridDim.x - 1) / gridDim.x, first = blockIdx.x * per;
-    const size_t lo = first < n ? first : n, hi = n - lo < per ? n : lo + per;
-    const int tiles = (int)((hi - lo + RING_WORDS - 1) / RING_WORDS);
+    const block_run run = run_of_block(n);
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) mbar_init(&full[s], 1);
         mbar_fence_init();
     }
     __syncthreads(); /* the barriers initialized before any thread waits on one */
     auto ask = [&](int t) { /* thread 0: tile t's bytes in `pieces` copies, announced to its barrier */
-        if (t >= tiles) return;
-        const size_t w0 = lo + (size_t)t * RING_WORDS;
-        const unsigned words = (unsigned)(hi - w0 < RING_WORDS ? hi - w0 : RING_WORDS);
+        if (t >= run.tiles) return;
+        const size_t w0 = run.lo + (size_t)t * RING_WORDS;
+        const unsigned words = (unsigned)(run.hi - w0 < RING_WORDS ? run.hi - w0 : RING_WORDS);
         const unsigned step = (words + pieces - 1) / pieces;
         mbar_arrive_expect_tx(&full[t % STAGES], words * 16);
         for (unsigned w = 0; w < words; w += step)
@@ -135,7 +144,7 @@ static __global__ void __launch_bounds__(RING_THREADS) read_bulk_kernel(const ui
     if (threadIdx.x == 0)
         for (int t = 0; t < STAGES - 1; t++) ask(t);
     unsigned acc = 0;
-    for (int t = 0; t < tiles; t++) {
+    for (int t = 0; t < run.tiles; t++) {
         mbar_wait(&full[t % STAGES], (t / STAGES) & 1); /* the (t / STAGES)-th use of its stage */
         __syncthreads(); /* every thread done with tile t - 1, whose stage the next copies fill */
         if (threadIdx.x == 0) ask(t + STAGES - 1);
@@ -300,13 +309,15 @@ int main(int argc, char **argv)
     else if (mode == EMPTY)
         fprintf(stderr, "copy_bw: %s: a kernel that does nothing in %.4f ms (median of %d%s)\n", p.name, median, iters,
                 flushed);
-    else
+    else {
+        char ring[64] = ""; /* how --read-ring and --read-bulk bring their tiles */
+        if (mode != READ)
+            snprintf(ring, sizeof ring, ", a %s ring of %d x 32 KiB", mode == READ_RING ? "cp.async" : "bulk-copy",
+                     ring_stages);
         fprintf(stderr, "copy_bw: %s: a kernel that reads %.1f MiB (%d blocks of %d threads%s) in %.4f ms (median of "
-                        "%d%s): %.1f GB/s read\n", p.name, bytes / 1048576.0, blocks, threads,
-                mode == READ_RING   ? (ring_stages == 3 ? ", a cp.async ring of 3 x 32 KiB" : ", a cp.async ring of 2 x 32 KiB")
-                : mode == READ_BULK ? (ring_stages == 3 ? ", a bulk-copy ring of 3 x 32 KiB" : ", a bulk-copy ring of 2 x 32 KiB")
-                                    : "",
-                median, iters, flushed, gbps);
+                        "%d%s): %.1f GB/s read\n", p.name, bytes / 1048576.0, blocks, threads, ring, median, iters,
+                flushed, gbps);
+    }
     if (mode == READ_BULK) fprintf(stderr, "copy_bw: each tile in %d bulk cop%s\n", pieces, pieces == 1 ? "y" : "ies");
     if (src) CUDA_CHECK(cudaFree(src));
     if (dst) CUDA_CHECK(cudaFree(dst));
