@@ -7,11 +7,11 @@ CPU_STAGES := 01_naive 02_tiled_cpu 03_online_softmax
 # The Hopper stages (wgmma, TMA, setmaxnreg) are compiled for sm_90a alone, which runs on compute
 # capability 9.0 only (H100, H200): elsewhere they exit 3 and their tests skip. Otherwise they are
 # GPU stages like the others.
-HOPPER_STAGES := 11_wgmma 12_warp_specialized 13_pingpong
+HOPPER_STAGES := 11_wgmma 12_warp_specialized 13_pingpong 14_persistent
 # Stages written for generation, a few queries against a long KV cache: measured by make
 # bench-decode, not on the FA-2 paper's grid (make bench, the charts and the README's table leave
 # them out). Otherwise GPU stages like the others.
-DECODE_STAGES := 14_split_kv
+DECODE_STAGES := 15_split_kv
 GPU_STAGES := 04_fa1 05_delayed_rescaling 06_loop_swap 07_warp_partition 08_seq_parallel 09_pipelined 10_backward \
               $(HOPPER_STAGES) $(DECODE_STAGES)
 
@@ -203,9 +203,14 @@ SANITIZE_SHAPES_stage11 := "--seqlen 200 --dim 64 --dtype bf16 --causal" "--seql
 SANITIZE_SHAPES_stage12 := "--seqlen 300 --dim 128 --dtype bf16 --causal" "--seqlen 193 --dim 128" "--seqlen 130 --dim 256 --dtype bf16"
 SANITIZE_SHAPES_stage13 := "--seqlen 130 --dim 256 --dtype bf16 --causal" "--seqlen 300 --dim 64 --dtype bf16 --causal" \
                            "--seqlen 1000 --dim 128"
-# a stage that cannot take the shapes above (stage 14: at most 64 queries, no --counters) names its
+# stage 14 also where its blocks run many work items each (B * H * Q tiles well over one per SM)
+# and where the work order has several L2 sections of heads (B * H heads of K and V over half the L2)
+SANITIZE_SHAPES_stage14 := "--seqlen 130 --dim 256 --dtype bf16 --causal" "--seqlen 300 --dim 64 --dtype bf16 --causal" \
+                           "--seqlen 1000 --dim 128" "--seqlen 100 --dim 128 --batch 4 --heads 150" \
+                           "--seqlen 17 --dim 64 --causal --batch 2 --heads 400"
+# a stage that cannot take the shapes above (stage 15: at most 64 queries, no --counters) names its
 # own instead of them (--batch 1 --heads 2 follow each, so each names --kv-heads 1 or 2)
-SANITIZE_BASE_stage14 := "--seqlen 1 --kv-len 1 --dim 64 --kv-heads 2" "--seqlen 1 --kv-len 3000 --dim 128 --kv-heads 1" \
+SANITIZE_BASE_stage15 := "--seqlen 1 --kv-len 1 --dim 64 --kv-heads 2" "--seqlen 1 --kv-len 3000 --dim 128 --kv-heads 1" \
                          "--seqlen 4 --kv-len 1000 --dim 128 --kv-heads 1 --causal --dtype bf16" \
                          "--seqlen 64 --kv-len 4097 --dim 64 --kv-heads 2 --causal" \
                          "--seqlen 1 --kv-len 777 --dim 128 --kv-heads 1 --splits 1" \
@@ -215,7 +220,7 @@ sanitize: $(GPU_BINS)
 	@set -e; $(foreach b,$(GPU_BINS),for tool in memcheck racecheck synccheck; do \
 	  for s in $(or $(SANITIZE_BASE_$(b)),$(SANITIZE_SHAPES)) $(SANITIZE_SHAPES_$(b)); do \
 	    echo "== compute-sanitizer --tool $$tool ./$(b) $$s"; \
-	    compute-sanitizer --tool $$tool --error-exitcode 1 ./$(b) $$s --batch 1 --heads 2 --warmup 0 --iters 1; \
+	    compute-sanitizer --tool $$tool --error-exitcode 1 ./$(b) --batch 1 --heads 2 --warmup 0 --iters 1 $$s; \
 	done; done;)
 
 # On a machine with a GPU, every GPU a course has (notes/gpus.md): the suite as built, under a 99
@@ -278,8 +283,8 @@ plots:
 # A stage that builds on an earlier one than N-1 names it: stage 11 moves stage 9's forward to
 # wgmma (stage 10 is the backward), so make diff11 is stage 9 against stage 11.
 DIFF_BASE_11 := 9
-# stage 14 takes stage 9's kernel to a new shape (a few queries, a long split KV cache)
-DIFF_BASE_14 := 9
+# stage 15 takes stage 9's kernel to a new shape (a few queries, a long split KV cache)
+DIFF_BASE_15 := 9
 diff%:
 	@n=$*; case "$$n" in ''|*[!0-9]*) echo "make diff$$n: say which stage, as a number: make diff5" >&2; exit 2;; esac; \
 	n=$$(expr $$n + 0); base='$(DIFF_BASE_$(patsubst 0%,%,$*))'; \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench_decode.sh: the decode stages (stage 14) at the shapes of generation, measured as what they
+# bench_decode.sh: the decode stages (stage 15) at the shapes of generation, measured as what they
 # are, memory-bound: one query per head (N = 1) against a KV cache of N_kv = 1k .. 128k positions,
 # B = 1 and 8, H = 32 query heads over H_kv = 8 KV heads, d = 128, fp16. In one run:
 #   - the device's copy bandwidth (bench/copy_bw: cudaMemcpy of 1 GiB device to device, 2 x bytes
@@ -24,12 +24,12 @@
 #   pct_of_copy  100 kv_gbps / copy_gbps
 # and a verdict on stderr for the issue's two claims (>= 80% of the copy bandwidth at N_kv >= 16k;
 # at least as fast as the best torch backend at N_kv >= 4k), each row named.
-# Environment: STAGES ("stage14"), BATCHES, KV_LENS, HEADS, KV_HEADS, DIM, WARMUP, ITERS, FA_COMMIT,
+# Environment: STAGES ("stage15"), BATCHES, KV_LENS, HEADS, KV_HEADS, DIM, WARMUP, ITERS, FA_COMMIT,
 # DECODE_CSV (the file appended to; default bench/data/<gpu>_decode.csv), TORCH=0 (no torch rows).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/csv.sh
-STAGES=${STAGES:-stage14}
+STAGES=${STAGES:-stage15}
 BATCHES=${BATCHES:-"1 8"}
 KV_LENS=${KV_LENS:-"1024 2048 4096 8192 16384 32768 65536 131072"}
 HEADS=${HEADS:-32}
@@ -103,7 +103,7 @@ header="$header,gqa"
 # the L2 emptied before each, events around one run): stage "d2d-copy", a device-to-device copy
 # with the HBM traffic of each shape's K and V (half of the bytes read, half written); stage
 # "hbm-read", a kernel that only reads all of them and does nothing else (copy_bw --read), about
-# the floor of any kernel that reads them (copy_bw --read-ring, stage 14's own stream computing
+# the floor of any kernel that reads them (copy_bw --read-ring, stage 15's own stream computing
 # nothing, is up to 1 us faster below 128 MiB and slower at 256: note 14). The 1 GiB copy above
 # is the bandwidth; these are the most it gives a single run of that size. A row per shape and
 # kind, in the stages' columns (the shape of the first stage's row of it, their times, no check;

@@ -3,7 +3,7 @@
  * cudaMemcpy of one device buffer into another (1 GiB by default, far past any L2), timed between
  * CUDA events, median and minimum of the timed runs after warm-up. A copy reads every byte once and
  * writes it once, so the bandwidth is 2 * bytes / time, as CUDA's bandwidthTest counts a
- * device-to-device copy: the HBM traffic, read plus write. A kernel that only reads (stage 14 reads
+ * device-to-device copy: the HBM traffic, read plus write. A kernel that only reads (stage 15 reads
  * K and V) is measured against this number in the same run (bench/bench_decode.sh).
  * A small copy, timed alone, shows the fixed cost of one timed run as a kernel pays it (the launch
  * as the events see it, the first bytes' latency): --bytes B copies B bytes instead, and
@@ -14,7 +14,7 @@
  * each with four 16-byte loads in flight, nothing written): the least time any kernel that reads
  * them takes, timed the same way; a decode kernel's floor at its shape is `--read --bytes` its K
  * and V bytes `--flush-l2`. Its bandwidth is bytes / time.
- * --read-ring reads them the way stage 14 streams K and V, computing nothing (read_ring_kernel: a
+ * --read-ring reads them the way stage 15 streams K and V, computing nothing (read_ring_kernel: a
  * block per contiguous run of the bytes, through a cp.async ring of three 32 KiB tiles in shared
  * memory, a barrier per tile, every block resident at once): what the stage's loop costs without
  * its arithmetic and without its merge.
@@ -86,7 +86,7 @@ static __device__ __forceinline__ block_run run_of_block(size_t n)
 }
 
 /* --read-ring: the block's run of the n 16-byte words, RING_TILE bytes at a time, into a ring of
- * STAGES tiles (common/cuda/mma.cuh's cp.async; a plain copy on Turing), as stage 14's loop: wait
+ * STAGES tiles (common/cuda/mma.cuh's cp.async; a plain copy on Turing), as stage 15's loop: wait
  * for tile t, a barrier (every thread is done with tile t - 1), ask for tile t + STAGES - 1 into
  * tile t - 1's buffer, then read one word of tile t (the stage computes on it there). */
 template <int STAGES>
@@ -245,7 +245,7 @@ int main(int argc, char **argv)
     CUDA_CHECK(cudaMalloc(&sink, sizeof *sink));
     /* --read, --read-ring, --read-bulk: as many blocks as the SMs hold at once, so that one wave reads everything.
      * The ring takes three tiles where a block may have 96 KiB of shared memory, else two (a T4),
-     * and all of the SM's L1 as shared memory, as stage 14 does (two blocks an SM on an H200). */
+     * and all of the SM's L1 as shared memory, as stage 15 does (two blocks an SM on an H200). */
     const uint4 *words = (const uint4 *)src;
     const size_t n = bytes / 16;
     int per_sm = 0, threads = 0;

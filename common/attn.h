@@ -32,7 +32,7 @@ struct shape {
      * the queries' own, N or H: self-attention, which every shape written before the KV cache is.
      * Read them through shape_kv_len and shape_kv_heads, never directly. */
     int N_kv, H_kv;
-    /* --splits: how many slices a split-KV stage (stage 14) cuts each KV head's keys into; 0: the
+    /* --splits: how many slices a split-KV stage (stage 15) cuts each KV head's keys into; 0: the
      * stage's own rule. How the work is cut, not what is computed: it lives here because the
      * stage's scratch (workspace_bytes) depends on it. */
     int splits;
@@ -42,7 +42,7 @@ struct shape {
  * are device memory in `dtype` (O too), L is always fp32. `work` is `workspace_bytes` of scratch
  * the harness allocated for the stage (device memory for a GPU stage), or NULL if it asked none;
  * zeroed once when allocated, and kept for every call on that problem (a stage may keep state in
- * it from one call to the next, as stage 14's merge counters, which each call leaves at zero). */
+ * it from one call to the next, as stage 15's merge counters, which each call leaves at zero). */
 struct attn_args {
     struct shape sh;
     enum dtype dtype;
@@ -116,12 +116,12 @@ struct stage {
      * the Hopper stages, compiled for sm_90a, whose wgmma runs on compute capability 9.0 alone);
      * elsewhere the stage exits 3 and its tests skip. 0: any GPU the build targets (sm_75 on). */
     int arch_sm;
-    /* ---- the KV cache (stage 14). A descriptor that does not name these leaves them 0: in C as
+    /* ---- the KV cache (stage 15). A descriptor that does not name these leaves them 0: in C as
      * every field a designated initializer leaves out, in C++ through STAGE_FIELD_DEFAULT ---- */
     /* 1: the stage takes a KV cache, K and V of their own length and heads (--kv-len, --kv-heads);
      * 0: self-attention only (N_kv = N, H_kv = H), anything else refused with exit 2. */
     int kv_cache STAGE_FIELD_DEFAULT;
-    /* The most query rows N the stage takes (stage 14, written for generation: 64); 0: any N. */
+    /* The most query rows N the stage takes (stage 15, written for generation: 64); 0: any N. */
     int max_seqlen STAGE_FIELD_DEFAULT;
     /* Split-KV stages (--splits): the number of slices of the keys this stage uses on this shape
      * (its rule, or sh->splits where set); NULL for a stage that does not split the keys. */

@@ -7,7 +7,7 @@
  * Every check runs this file: it is the reference every other stage must match (and it answers
  * itself to the fp64 oracle in common/oracle.c). Its cost is the N x N score matrix: 4 N^2 bytes
  * per head (64 MiB at N = 4096), which is what every later stage avoids.
- * With a KV cache (--kv-len, --kv-heads: stage 14's reference) S is N x N_kv, head h reads KV head
+ * With a KV cache (--kv-len, --kv-heads: stage 15's reference) S is N x N_kv, head h reads KV head
  * h / (H / H_kv), and causal query i sees the keys up to its position N_kv - N + i (keys_seen).
  * Also the naive backward (dQ, dK, dV from dO), the reference for stage 10 (self-attention only).
  * Run: ./stage1 --seqlen 1024 --dim 64 --causal
@@ -143,5 +143,5 @@ const struct stage stage1_desc = {
     .backward = backward,
     .dims = {0}, /* any head dim */
     .dtypes = DT_F32,
-    .kv_cache = 1, /* the reference of stage 14 too */
+    .kv_cache = 1, /* the reference of stage 15 too */
 };

@@ -13,7 +13,7 @@
 #
 #   tests/gpu_suites.sh [LOGDIR] [a] [b] [c] [sanitize]     (default: all four; LOGDIR: build/gpu-suites)
 #
-# The programs of each build (stage1 .. stage14 and attn_tests, in one directory or as `make`
+# The programs of each build (stage1 .. stage15 and attn_tests, in one directory or as `make`
 # leaves them: stages at the root, tests/attn_tests), found in this order:
 #   default build:  $GPU_SUITES_BIN, .gpu/ if it holds attn_tests, else the repository root;
 #   compute_75:     $GPU_SUITES_BIN75, .gpu75/ if it holds attn_tests, else build75/bin/, built

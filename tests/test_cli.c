@@ -239,19 +239,19 @@ static const struct test_bad_cli test_bad_cases[] = {
     {"./stage10", {"--heads", "8", "--kv-heads", "2"}, TEST_NO_LOAD, "self-attention only", 0},
     {"./stage1", {""}, TEST_LOAD_K_DIMS, "v.npy", 0}, /* a KV cache, but k.npy and v.npy disagree */
     {"./stage1", {"--kv-len", "9"}, TEST_LOAD_GOOD, "--kv-len 9 contradicts --load", 0},
-    /* --splits: stage 14's alone, 1 to 1024 */
+    /* --splits: stage 15's alone, 1 to 1024 */
     {"./stage1", {"--splits", "2"}, TEST_NO_LOAD, "unknown option --splits", 0},
     {"./stage9", {"--splits", "2"}, TEST_NO_LOAD, "unknown option --splits", 0},
-    {"./stage14", {"--splits", "0"}, TEST_NO_LOAD, "--splits 0", 0},
-    {"./stage14", {"--splits", "1025"}, TEST_NO_LOAD, "--splits 1025", 0},
-    {"./stage14", {"--splits", "two"}, TEST_NO_LOAD, "--splits two", 0},
-    /* stage 14: written for generation, at most 64 queries; d = 64, 128; fp16, bf16; no counters */
-    {"./stage14", {"--seqlen", "65"}, TEST_NO_LOAD, "at most 64", 0},
-    {"./stage14", {"--dim", "256"}, TEST_NO_LOAD, "64 128", 0},
-    {"./stage14", {"--dtype", "fp32"}, TEST_NO_LOAD, "fp32", 0},
-    {"./stage14", {"--heads", "12"}, TEST_NO_LOAD, "multiple of --kv-heads", 0}, /* its default: 8 KV heads */
-    {"./stage14", {"--counters"}, TEST_NO_LOAD, "unknown option --counters", 0},
-    {"./stage14", {"--seqlen", "8", "--kv-len", "4", "--causal"}, TEST_NO_LOAD, "at least --seqlen", 0},
+    {"./stage15", {"--splits", "0"}, TEST_NO_LOAD, "--splits 0", 0},
+    {"./stage15", {"--splits", "1025"}, TEST_NO_LOAD, "--splits 1025", 0},
+    {"./stage15", {"--splits", "two"}, TEST_NO_LOAD, "--splits two", 0},
+    /* stage 15: written for generation, at most 64 queries; d = 64, 128; fp16, bf16; no counters */
+    {"./stage15", {"--seqlen", "65"}, TEST_NO_LOAD, "at most 64", 0},
+    {"./stage15", {"--dim", "256"}, TEST_NO_LOAD, "64 128", 0},
+    {"./stage15", {"--dtype", "fp32"}, TEST_NO_LOAD, "fp32", 0},
+    {"./stage15", {"--heads", "12"}, TEST_NO_LOAD, "multiple of --kv-heads", 0}, /* its default: 8 KV heads */
+    {"./stage15", {"--counters"}, TEST_NO_LOAD, "unknown option --counters", 0},
+    {"./stage15", {"--seqlen", "8", "--kv-len", "4", "--causal"}, TEST_NO_LOAD, "at least --seqlen", 0},
 };
 
 ParameterizedTestParameters(cli, bad_usage_exits_2)
@@ -311,7 +311,7 @@ Test(cli, help_lists_what_the_stage_takes)
         {"./stage1", {"--kv-heads H_kv    KV heads, each shared", "--kv-len N_kv      keys and values: a KV cache",
                       "any d >= 1"}, {"--splits", "--counters", NULL}},
         {"./stage9", {"(this stage: N_kv = N only", "--kv-heads", NULL}, {"--splits", NULL, NULL}},
-        {"./stage14", {"--splits S", "queries per head, 1 to 64", "--kv-len N_kv      keys and values: a KV cache"},
+        {"./stage15", {"--splits S", "queries per head, 1 to 64", "--kv-len N_kv      keys and values: a KV cache"},
          {"--counters", "fp32", "--deterministic"}},
     };
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
@@ -408,21 +408,21 @@ Test(cli, kv_cache_save_then_load)
     }
 }
 
-/* Stage 14 with no arguments: the issue's decode step, checked, where there is a GPU; exit 3 with one
+/* Stage 15 with no arguments: the issue's decode step, checked, where there is a GPU; exit 3 with one
  * line where there is none. */
-Test(cli, stage14_default_run)
+Test(cli, stage15_default_run)
 {
     char why[256];
-    if (access("./stage14", X_OK) != 0) cr_skip_test("./stage14 is not built here (a GPU stage needs nvcc)");
+    if (access("./stage15", X_OK) != 0) cr_skip_test("./stage15 is not built here (a GPU stage needs nvcc)");
     struct test_proc p;
-    test_spawn((char *[]){"./stage14", "--iters", "2", NULL}, &p);
+    test_spawn((char *[]){"./stage15", "--iters", "2", NULL}, &p);
     if (!gpu_available || gpu_available(why, sizeof why)) {
-        test_assert_one_line_failure(&p, EXIT_NO_DEVICE, "./stage14", NULL);
+        test_assert_one_line_failure(&p, EXIT_NO_DEVICE, "./stage15", NULL);
         return;
     }
-    cr_assert(p.code == EXIT_PASS, "./stage14: exit %d; stderr:\n%s", p.code, p.err);
+    cr_assert(p.code == EXIT_PASS, "./stage15: exit %d; stderr:\n%s", p.code, p.err);
     cr_assert(strstr(p.out, "B=8 H=32 Hkv=8 N=1 Nkv=16384 d=128") && strstr(p.out, "GB/s of K, V") &&
-              strstr(p.out, "check PASS"), "./stage14: summary is\n%s", p.out);
+              strstr(p.out, "check PASS"), "./stage15: summary is\n%s", p.out);
 }
 
 /* Stage 1 saves its inputs and outputs; stage 3 loads those inputs (the shape comes from the
@@ -592,23 +592,23 @@ Test(cli, smem_cap_picks_smaller_tiles)
     test_assert_one_line_failure(&p, EXIT_USAGE, "ATTN_SMEM_CAP_KB=16 ./stage9 --dim 256", "needs at least 64.0 KiB");
 }
 
-/* Stage 14 where a block may have 64 KiB (a T4): the ring of two K/V stages, named in the summary,
+/* Stage 15 where a block may have 64 KiB (a T4): the ring of two K/V stages, named in the summary,
  * with the most slices its merge takes (512: their weights over the ring) and the check passing;
  * one more is refused with one line. Needs a GPU. */
-Test(cli, stage14_at_64_kib)
+Test(cli, stage15_at_64_kib)
 {
     char why[256];
-    if (access("./stage14", X_OK) != 0) cr_skip_test("./stage14 is not built here (a GPU stage needs nvcc)");
+    if (access("./stage15", X_OK) != 0) cr_skip_test("./stage15 is not built here (a GPU stage needs nvcc)");
     if (!gpu_available || gpu_available(why, sizeof why)) cr_skip_test("no CUDA device: %s", gpu_available ? why : "built without CUDA");
     setenv("ATTN_SMEM_CAP_KB", "64", 1);
     struct test_proc p;
-    test_spawn((char *[]){"./stage14", "--batch", "1", "--heads", "8", "--kv-heads", "2", "--kv-len", "5000", "--dim", "128",
+    test_spawn((char *[]){"./stage15", "--batch", "1", "--heads", "8", "--kv-heads", "2", "--kv-len", "5000", "--dim", "128",
                           "--splits", "512", "--iters", "2", NULL}, &p);
-    cr_assert(p.code == EXIT_PASS, "ATTN_SMEM_CAP_KB=64 ./stage14 --splits 512: exit %d; stderr:\n%s", p.code, p.err);
+    cr_assert(p.code == EXIT_PASS, "ATTN_SMEM_CAP_KB=64 ./stage15 --splits 512: exit %d; stderr:\n%s", p.code, p.err);
     cr_assert(strstr(p.out, "tiles Br=16 Bc=64, 2 K/V stages, 64.0 of 64 KiB") && strstr(p.out, "check PASS"),
-              "ATTN_SMEM_CAP_KB=64 ./stage14 --splits 512: the summary does not name the 64 KiB tiles and a pass:\n%s", p.out);
-    test_spawn((char *[]){"./stage14", "--kv-len", "5000", "--splits", "513", NULL}, &p);
-    test_assert_one_line_failure(&p, EXIT_USAGE, "ATTN_SMEM_CAP_KB=64 ./stage14 --splits 513", "at most 512 slices");
+              "ATTN_SMEM_CAP_KB=64 ./stage15 --splits 512: the summary does not name the 64 KiB tiles and a pass:\n%s", p.out);
+    test_spawn((char *[]){"./stage15", "--kv-len", "5000", "--splits", "513", NULL}, &p);
+    test_assert_one_line_failure(&p, EXIT_USAGE, "ATTN_SMEM_CAP_KB=64 ./stage15 --splits 513", "at most 512 slices");
 }
 
 /* Where the code running on the GPU is Turing's (a T4, or a build of compute_75 PTX on any GPU),

@@ -4,9 +4,9 @@
  *                           self-attention: grouped heads are K and V repeated over each group of
  *                           H / H_kv heads (torch's repeat_interleave, or enable_gqa), and causal
  *                           queries are the last N rows of a square N_kv x N_kv causal problem.
- * decode::stage1_vs_oracle  stage 1 (the reference of stage 14) on KV-cache shapes, whole output,
+ * decode::stage1_vs_oracle  stage 1 (the reference of stage 15) on KV-cache shapes, whole output,
  *                           against the oracle: grouped heads (multi-query too), N < N_kv, causal.
- * decode::vs_reference      every stage that takes a KV cache (stage 14) over the issue's grid:
+ * decode::vs_reference      every stage that takes a KV cache (stage 15) over the issue's grid:
  *                           N_kv in {1, 17, 1000, 4097, 65536}, N in {1, 4, 64}, groups of 1, 4
  *                           and 8 query heads per KV head (B = 2, H_kv = 2), fp16 and bf16,
  *                           d = 64 and 128, causal and not (causal needs N_kv >= N).
@@ -24,7 +24,7 @@
  *
  * A GPU case skips with a one-line reason where there is no CUDA device or where the device cannot
  * run it: bf16 on Turing's code, or no tiles of the stage fit the shared memory a block may have
- * (ATTN_SMEM_CAP_KB lowers it), or --splits more than those tiles' merge takes (stage 14 with a
+ * (ATTN_SMEM_CAP_KB lowers it), or --splits more than those tiles' merge takes (stage 15 with a
  * ring of two stages, 64 KiB: 512). ATTN_TEST_STAGES keeps the grids to the stages it lists, as in
  * test_stages.c.
  *
@@ -308,7 +308,7 @@ Test(decode, oracle_semantics)
 }
 
 /* The shape's rules, without running anything: H a multiple of H_kv, causal needs N_kv >= N, a
- * stage without a KV cache refuses one, stage 14 at most 64 queries. (The command line's refusals
+ * stage without a KV cache refuses one, stage 15 at most 64 queries. (The command line's refusals
  * are in test_cli.c.) */
 Test(decode, refusals)
 {

@@ -13,7 +13,7 @@
  *                             under its smallest tiles (16 KiB) a reason naming what those need.
  * tiles::deterministic_backward  stage 10's --deterministic dQ kernel: where it fits, and the
  *                             one-line refusal elsewhere.
- * tiles::split_kv_ring        stage 14 at 227, 163, 99 KiB: a ring of three K/V stages (96 KiB), at
+ * tiles::split_kv_ring        stage 15 at 227, 163, 99 KiB: a ring of three K/V stages (96 KiB), at
  *                             64 KiB of two (64 KiB), the same K/V tiles; --splits up to what the
  *                             configuration's merge takes (1024, or 512 with two stages), more
  *                             refused in one line.
@@ -62,7 +62,7 @@ Test(tiles, h200_unchanged)
         {"stage8", 0, 128, 128, 64},  {"stage9", 0, 32, 128, 128},  {"stage9", 0, 64, 128, 128},
         {"stage9", 0, 128, 128, 64},  {"stage9", 0, 256, 64, 64},   {"stage10", 1, 32, 128, 128},
         {"stage10", 1, 64, 128, 128}, {"stage10", 1, 128, 64, 128}, {"stage10", 1, 256, 64, 64},
-        {"stage14", 0, 64, 16, 128},  {"stage14", 0, 128, 16, 64},
+        {"stage15", 0, 64, 16, 128},  {"stage15", 0, 128, 16, 64},
     };
     const struct stage *st[16];
     test_tiled_stages(st, 16);
@@ -154,7 +154,7 @@ Test(tiles, deterministic_backward)
               c.text);
 }
 
-/* Stage 14 (split-KV decoding): the same K/V tiles everywhere (Bc = 128 at d = 64, 64 at d = 128,
+/* Stage 15 (split-KV decoding): the same K/V tiles everywhere (Bc = 128 at d = 64, 64 at d = 128,
  * 32 KiB of K and V a tile), three of them in the ring (96 KiB) where the device allows it, two (64
  * KiB) on a T4. The merge keeps a weight per slice and row over the ring: 1024 slices with three
  * stages, 512 with two; more is refused in one line, before anything runs. */
@@ -162,7 +162,7 @@ Test(tiles, split_kv_ring)
 {
     const struct stage *st[16];
     test_tiled_stages(st, 16);
-    const struct stage *s14 = test_find_stage("stage14");
+    const struct stage *s15 = test_find_stage("stage15");
     static const struct { int kib, stages, max_splits; } want[] = {{227, 3, 1024}, {163, 3, 1024}, {99, 3, 1024}, {64, 2, 512}};
     static const struct { int d, Bc; } dims[] = {{64, 128}, {128, 64}};
     for (size_t k = 0; k < TEST_COUNT(want); k++)
@@ -172,20 +172,20 @@ Test(tiles, split_kv_ring)
             snprintf(words, sizeof words, "%d K/V stages", want[k].stages);
             struct attn_args a = {.sh = test_kv_shape(1, 32, 8, 1, 16384, dims[j].d, 0), .dtype = DT_F16};
             struct tile_config c;
-            cr_assert(s14->tiles(&a, 0, limit, &c) == 0, "stage14 d=%d at %d KiB: no tiles: %s", dims[j].d, want[k].kib,
+            cr_assert(s15->tiles(&a, 0, limit, &c) == 0, "stage15 d=%d at %d KiB: no tiles: %s", dims[j].d, want[k].kib,
                       c.text);
             cr_expect(c.Br == 16 && c.Bc == dims[j].Bc && strstr(c.text, words) &&
                           c.smem_bytes == (size_t)want[k].stages * 32 * KIB,
-                      "stage14 d=%d at %d KiB takes '%s' (%zu bytes), want Br=16 Bc=%d, %s (%d KiB)", dims[j].d,
+                      "stage15 d=%d at %d KiB takes '%s' (%zu bytes), want Br=16 Bc=%d, %s (%d KiB)", dims[j].d,
                       want[k].kib, c.text, c.smem_bytes, dims[j].Bc, words, want[k].stages * 32);
             a.sh.splits = want[k].max_splits;
-            cr_expect(s14->tiles(&a, 0, limit, &c) == 0, "stage14 d=%d at %d KiB refuses --splits %d: %s", dims[j].d,
+            cr_expect(s15->tiles(&a, 0, limit, &c) == 0, "stage15 d=%d at %d KiB refuses --splits %d: %s", dims[j].d,
                       want[k].kib, a.sh.splits, c.text);
             if (want[k].max_splits == 1024) continue; /* the command line's own limit (test_cli.c) */
             a.sh.splits = want[k].max_splits + 1;
-            const int rc = s14->tiles(&a, 0, limit, &c);
+            const int rc = s15->tiles(&a, 0, limit, &c);
             cr_expect(rc == ATTN_UNSUPPORTED && strstr(c.text, "at most 512 slices") && !strchr(c.text, '\n'),
-                      "stage14 d=%d at %d KiB --splits %d: want a one-line refusal naming 512, got rc %d: %s", dims[j].d,
+                      "stage15 d=%d at %d KiB --splits %d: want a one-line refusal naming 512, got rc %d: %s", dims[j].d,
                       want[k].kib, a.sh.splits, rc, c.text);
         }
 }

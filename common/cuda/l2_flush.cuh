@@ -4,7 +4,7 @@
  * l2_flush reads a buffer twice the L2's size, so that when the timed run starts the L2 holds
  * nothing of its inputs (they come from HBM) and only clean lines, which it evicts for free.
  * Overwriting the buffer instead (a memset) would leave the L2 full of dirty lines that the timed
- * run pays to write back as it reads: for a memory-bound kernel (stage 14) tens of MB of HBM
+ * run pays to write back as it reads: for a memory-bound kernel (stage 15) tens of MB of HBM
  * writes inside its time. The XOR of what is read goes to `sink` only if it is a value it never is
  * (the buffer holds zeros: the caller zeroes it once), which keeps the compiler from dropping the
  * loads. */

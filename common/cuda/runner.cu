@@ -199,7 +199,7 @@ extern "C" int gpu_arch_check(int arch_sm, const char *who, char *why, size_t n)
 
 /* Q, K, V converted to the stage's dtype on the host and copied over; O, L and the stage's
  * workspace allocated, the workspace zeroed (once: a stage may keep state there from one call to
- * the next, stage 14 its merge's counters, which must start at zero and which each call leaves at
+ * the next, stage 15 its merge's counters, which must start at zero and which each call leaves at
  * zero). Everything a forward call needs, allocated before any timing starts. */
 struct gpu_problem {
     struct dbuf Q, K, V, O, L, work;
@@ -256,7 +256,7 @@ static void problem_free(struct gpu_problem *g)
 /* A stage with a workspace: one call before the checked one, on other queries (zeros: every key
  * weighs the same, so each slice's partial result differs from the checked call's). The checked
  * call is then the second on its workspace, as every timed call after it is: one that relied on
- * state the first left wrong (stage 14's counters not back at zero), or folded in a partial result
+ * state the first left wrong (stage 15's counters not back at zero), or folded in a partial result
  * the first left behind, fails the check. */
 static int first_call(const struct stage *st, struct gpu_problem *g, char *why, size_t n)
 {

@@ -1,4 +1,4 @@
-/* 14_split_kv.cu: attention for generation, one query against a long KV cache (Flash-Decoding)
+/* 15_split_kv.cu: attention for generation, one query against a long KV cache (Flash-Decoding)
  *
  * Changed from stage 9: the shape. A decoder generating a token has N_q = 1 query per head (up to
  *   64: a few tokens of speculation or a short prompt) against N_kv keys of a cache that grows to
@@ -32,8 +32,8 @@
  *   (4 at the issue's shape): far below the ~300 FLOPs per byte where an H200 stops being limited
  *   by HBM. The roofline is the bandwidth: time = bytes of K and V / HBM bandwidth, reachable only
  *   with every SM streaming.
- * Measured on H200: notes/14_split_kv.md (make bench-decode, bench/data/h200_decode.csv).
- * Run: ./stage14 --batch 1 --heads 32 --kv-heads 8 --seqlen 1 --kv-len 65536 --dim 128
+ * Measured on H200: notes/15_split_kv.md (make bench-decode, bench/data/h200_decode.csv).
+ * Run: ./stage15 --batch 1 --heads 32 --kv-heads 8 --seqlen 1 --kv-len 65536 --dim 128
  */
 #include "common/attn.h"
 #include "common/cuda/cuda_check.h"
@@ -68,26 +68,26 @@ constexpr int MAX_SPLITS = 1024;
  * B = 1, N_kv = 16k a thread sums 32 slices: 16 in flight are two L2 round trips one after the
  * other, where 8 were four. Measured on the H200 (note 14): 16 and 32 both about 0.5 us less than
  * 8 there (24.5 -> 24.0 us), half of what was predicted, and nothing at B = 8; nvcc
- * -DSTAGE14_MERGE_UNROLL=N builds another to time against it. */
-#ifndef STAGE14_MERGE_UNROLL
-#define STAGE14_MERGE_UNROLL 16
+ * -DSTAGE15_MERGE_UNROLL=N builds another to time against it. */
+#ifndef STAGE15_MERGE_UNROLL
+#define STAGE15_MERGE_UNROLL 16
 #endif
-constexpr int MERGE_UNROLL = STAGE14_MERGE_UNROLL;
+constexpr int MERGE_UNROLL = STAGE15_MERGE_UNROLL;
 static_assert(MERGE_UNROLL >= 1, "at least one load in flight");
 
-/* The per-block timeline, a build of its own (nvcc -DSTAGE14_TIMELINE=1; the default build has
+/* The per-block timeline, a build of its own (nvcc -DSTAGE15_TIMELINE=1; the default build has
  * none of it): thread 0 of every block stamps the GPU's nanosecond clock (%globaltimer, one clock
  * for all SMs) at the block's start, when its first K/V tile has landed, at the loop's end, when
  * its partials are written and fenced (or, with one slice, O), and when it leaves (the last block
  * of a row tile after the merge, whose phases it stamps too: the ticket drawn, the L_s in shared
  * memory, the weights), and notes its SM. At the program's end the last launch's stamps
- * are summarized on stderr (timeline_report), and written to the file STAGE14_TIMELINE_CSV names,
+ * are summarized on stderr (timeline_report), and written to the file STAGE15_TIMELINE_CSV names,
  * a row per block, for a plot (note 14, "What is next"). */
-#ifndef STAGE14_TIMELINE
-#define STAGE14_TIMELINE 0
+#ifndef STAGE15_TIMELINE
+#define STAGE15_TIMELINE 0
 #endif
 enum { TL_START, TL_FIRST_TILE, TL_LOOP_END, TL_PARTIALS, TL_TICKET, TL_MERGE_L, TL_MERGE_W, TL_END, TL_EVENTS };
-#if STAGE14_TIMELINE
+#if STAGE15_TIMELINE
 constexpr int TL_MAX_BLOCKS = 16384; /* blocks past these are not stamped */
 __device__ unsigned long long tl_stamps[TL_MAX_BLOCKS][TL_EVENTS + 1]; /* + the block's SM */
 __device__ __forceinline__ void tl_stamp(int event)
@@ -255,7 +255,7 @@ __device__ __forceinline__ void merge_slices(const float *O_part, const float *L
  * merges them (merge_slices). tickets: a counter per row tile (blockIdx.x), zero between calls. */
 template <typename T, class Tiles>
 __global__ void __launch_bounds__(Tiles::NTHREADS)
-stage14_split_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__restrict__ V, T *__restrict__ O,
+stage15_split_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__restrict__ V, T *__restrict__ O,
                      float *__restrict__ L, float *__restrict__ O_part, float *__restrict__ L_part,
                      unsigned *__restrict__ tickets, int B, int H, int H_kv, int N_q, int N_kv, int causal,
                      float scale_log2, int row_tiles)
@@ -513,7 +513,7 @@ stage14_split_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
     }
     tl_stamp(TL_TICKET);
     merge_slices<T, Tiles>(O_part, L_part, O, L, rows_all, group_row0 + r0, min(Br, M_rows - r0), S, smem);
-    if (STAGE14_TIMELINE) {
+    if (STAGE15_TIMELINE) {
         __syncthreads(); /* every thread's part of the merge issued */
         tl_stamp(TL_END);
     }
@@ -531,19 +531,19 @@ int resident_blocks(char *why, size_t n)
     static int cached = 0;
     if (cached) return cached;
     constexpr int HeadDim = Tiles::HeadDim;
-    if (smem_optin(stage14_split_kernel<__nv_bfloat16, Tiles>, Tiles::smem_bytes, HeadDim, why, n)) return -1;
+    if (smem_optin(stage15_split_kernel<__nv_bfloat16, Tiles>, Tiles::smem_bytes, HeadDim, why, n)) return -1;
     /* all of the SM's unified L1/shared memory as shared memory (the loads bypass L1: cp.async.cg),
      * so that two blocks fit wherever the device has room for them, rather than where the driver's
      * default split happens to leave it; then the count, which the carveout decides */
-    if (cudaFuncSetAttribute(stage14_split_kernel<__half, Tiles>, cudaFuncAttributePreferredSharedMemoryCarveout,
+    if (cudaFuncSetAttribute(stage15_split_kernel<__half, Tiles>, cudaFuncAttributePreferredSharedMemoryCarveout,
                              cudaSharedmemCarveoutMaxShared) != cudaSuccess ||
-        cudaFuncSetAttribute(stage14_split_kernel<__nv_bfloat16, Tiles>,
+        cudaFuncSetAttribute(stage15_split_kernel<__nv_bfloat16, Tiles>,
                              cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) != cudaSuccess) {
         snprintf(why, n, "cannot set the kernel's shared-memory carveout: %s",
                  cudaGetErrorString(cudaGetLastError()));
         return -1;
     }
-    const int r = resident_blocks_of(stage14_split_kernel<__half, Tiles>, Tiles::NTHREADS, Tiles::smem_bytes, HeadDim,
+    const int r = resident_blocks_of(stage15_split_kernel<__half, Tiles>, Tiles::NTHREADS, Tiles::smem_bytes, HeadDim,
                                      why, n);
     if (r > 0) cached = r;
     return r;
@@ -604,10 +604,10 @@ int splits_refused(int S, char *why, size_t n)
     return ATTN_UNSUPPORTED;
 }
 
-#if STAGE14_TIMELINE
+#if STAGE15_TIMELINE
 /* The last launch's grid, and at the program's end its timeline (the stamps above): per event the
  * first, median, 90th-percentile and last block, in microseconds after the first block started;
- * the blocks' own durations; how many blocks each SM ran; with STAGE14_TIMELINE_CSV=path, a row
+ * the blocks' own durations; how many blocks each SM ran; with STAGE15_TIMELINE_CSV=path, a row
  * per block. */
 unsigned tl_grid_x, tl_grid_y;
 void timeline_report()
@@ -615,7 +615,7 @@ void timeline_report()
     const unsigned blocks = std::min<unsigned>(tl_grid_x * tl_grid_y, TL_MAX_BLOCKS), W = TL_EVENTS + 1;
     std::vector<unsigned long long> st((size_t)blocks * W);
     if (!blocks || cudaMemcpyFromSymbol(st.data(), tl_stamps, st.size() * sizeof st[0]) != cudaSuccess) {
-        fprintf(stderr, "stage14 timeline: no stamps to read (%s)\n", cudaGetErrorString(cudaGetLastError()));
+        fprintf(stderr, "stage15 timeline: no stamps to read (%s)\n", cudaGetErrorString(cudaGetLastError()));
         return;
     }
     unsigned long long t0 = ~0ULL;
@@ -624,7 +624,7 @@ void timeline_report()
     static const char *const names[TL_EVENTS] = {"start", "first K/V tile landed", "loop end",
                                                  "partials written, fenced", "merge: ticket drawn",
                                                  "merge: L_s loaded", "merge: weights", "end"};
-    fprintf(stderr, "stage14 timeline of the last launch: %u blocks (%u x %u), us after the first block's start\n",
+    fprintf(stderr, "stage15 timeline of the last launch: %u blocks (%u x %u), us after the first block's start\n",
             blocks, tl_grid_x, tl_grid_y);
     fprintf(stderr, "  %-26s %8s %8s %8s %8s %7s\n", "event", "first", "median", "90%", "last", "blocks");
     std::vector<double> v;
@@ -659,10 +659,10 @@ void timeline_report()
     for (size_t c = 0; c < hist.size(); c++)
         if (hist[c]) fprintf(stderr, " %d SMs ran %zu", hist[c], c);
     fprintf(stderr, "\n");
-    if (const char *path = getenv("STAGE14_TIMELINE_CSV")) {
+    if (const char *path = getenv("STAGE15_TIMELINE_CSV")) {
         FILE *f = fopen(path, "w");
         if (!f) {
-            fprintf(stderr, "stage14 timeline: cannot write %s\n", path);
+            fprintf(stderr, "stage15 timeline: cannot write %s\n", path);
             return;
         }
         fprintf(f, "block,x,y,sm,start_us,first_tile_us,loop_end_us,partials_us,ticket_us,merge_l_us,merge_w_us,end_us\n");
@@ -684,7 +684,7 @@ int launch(const struct attn_args *a, char *why, size_t n)
 {
     constexpr int HeadDim = Tiles::HeadDim;
     const struct shape *sh = &a->sh;
-    if (int rc = smem_optin(stage14_split_kernel<T, Tiles>, Tiles::smem_bytes, HeadDim, why, n)) return rc;
+    if (int rc = smem_optin(stage15_split_kernel<T, Tiles>, Tiles::smem_bytes, HeadDim, why, n)) return rc;
     if (resident_blocks<Tiles>(why, n) < 0) return ATTN_CUDA_ERROR; /* (once: sets the carveout too) */
     const int S = splits_for<Tiles>(sh, why, n);
     if (S < 0) return ATTN_CUDA_ERROR;
@@ -708,13 +708,13 @@ int launch(const struct attn_args *a, char *why, size_t n)
         tickets = (unsigned *)(L_part + (size_t)S * rows);
     }
     const float scale_log2 = sh->scale * LOG2E;
-#if STAGE14_TIMELINE
+#if STAGE15_TIMELINE
     static const bool reported = !atexit(timeline_report);
     (void)reported;
     tl_grid_x = (unsigned)blocks, tl_grid_y = (unsigned)S;
 #endif
     /* (batch, KV head, row tile) in x, the slice in y (S <= 1024, under y's 65535) */
-    stage14_split_kernel<T, Tiles><<<dim3((unsigned)blocks, (unsigned)S), Tiles::NTHREADS, Tiles::smem_bytes>>>(
+    stage15_split_kernel<T, Tiles><<<dim3((unsigned)blocks, (unsigned)S), Tiles::NTHREADS, Tiles::smem_bytes>>>(
         (const T *)a->Q, (const T *)a->K, (const T *)a->V, (T *)a->O, a->L, O_part, L_part, tickets, sh->B, sh->H,
         shape_kv_heads(sh), sh->N, shape_kv_len(sh), sh->causal, scale_log2, row_tiles);
     CUDA_TRY(cudaGetLastError());
@@ -750,8 +750,8 @@ int tiles_for(const struct attn_args *a, int backward, size_t limit, struct tile
 
 } // namespace
 
-extern "C" const struct stage stage14_desc = {
-    .name = "stage14",
+extern "C" const struct stage stage15_desc = {
+    .name = "stage15",
     .idea = "generation: N_q <= 64 queries against a long KV cache, split across blocks and merged by LSE "
             "(Flash-Decoding); grouped KV heads",
     .device = ON_GPU,
