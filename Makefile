@@ -93,7 +93,7 @@ TEST_LINK = $(CC) $(OMP_LDFLAGS) $(LDFLAGS) -o $@ $(OBJS_IN) $(CRITERION_LIBS) -
 endif
 STAGE_OBJS := $(sort $(foreach s,$(BUILT_STAGES),$(BUILD)/stages/$(s).o))
 
-.PHONY: deps deps-test all test bench bench-decode bench-cpu bench-ncu plots sanitize gpu-suites clean FORCE
+.PHONY: deps deps-test all ablations test bench bench-decode bench-cpu bench-ncu plots sanitize gpu-suites clean FORCE
 all: $(foreach s,$(BUILT_STAGES),$(call bin,$(s))) tests/attn_tests
 
 # ---- compiling ----
@@ -148,6 +148,24 @@ endif
 endef
 $(foreach s,$(CPU_STAGES),$(eval $(call cpu_stage,$(s))))
 $(foreach s,$(GPU_STAGES),$(eval $(call gpu_stage,$(s))))
+
+# ---- ablations: a stage's kernel with one piece taken out (bench/ablations/NN_what.cu, which
+# includes stages/NN_*.cu; common/ablation.h), built here and timed beside the stage by
+# bench/ablate.sh. A Hopper stage's ablations are compiled for sm_90a like the stage. ----
+ABLATIONS := $(patsubst bench/ablations/%.cu,%,$(wildcard bench/ablations/*.cu))
+ABLATION_BINS := $(addprefix bench/ablations/,$(ABLATIONS))
+$(BUILD)/main_ablation_%.o: common/main.c
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(ALL_CFLAGS) -DSTAGE_DESC=ablation_$*_desc -c $< -o $@
+define ablation
+$(BUILD)/bench/ablations/$(1).o: NVCC_ARCH := $(if $(filter $(call num,$(1))_%,$(HOPPER_STAGES)),$(HOPPER_ARCH),$(NVCC_ARCH))
+bench/ablations/$(1): $(BUILD)/main_ablation_$(1).o $(BUILD)/bench/ablations/$(1).o $(LINK_WITH_stage$(call num,$(1))) \
+                      $(REF_OBJ) $(COMMON_OBJS) $(CUDA_OBJS)
+	@$(if $(Q),echo "  LD    $$@")
+	$(Q)$(NVCC) $(NVLINK) $(NVLDFLAGS) -o $$@ $$^ -lm
+endef
+$(foreach a,$(ABLATIONS),$(eval $(call ablation,$(a))))
+ablations: $(ABLATION_BINS)
 
 # ---- what the tests and the charts need: Criterion, pkg-config, gnuplot (tests/deps.sh) ----
 deps:
@@ -294,6 +312,6 @@ diff%:
 	diff -u -b "$$a" "$$b"; test $$? -le 1
 
 clean:
-	rm -rf $(BUILD) tests/attn_tests $(CPU_BINS) $(GPU_BINS) bench/cpu_blas bench/copy_bw $(FLAVOR_STAMP)
+	rm -rf $(BUILD) tests/attn_tests $(CPU_BINS) $(GPU_BINS) $(ABLATION_BINS) bench/cpu_blas bench/copy_bw $(FLAVOR_STAMP)
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
