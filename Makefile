@@ -93,7 +93,7 @@ TEST_LINK = $(CC) $(OMP_LDFLAGS) $(LDFLAGS) -o $@ $(OBJS_IN) $(CRITERION_LIBS) -
 endif
 STAGE_OBJS := $(sort $(foreach s,$(BUILT_STAGES),$(BUILD)/stages/$(s).o))
 
-.PHONY: deps deps-test all ablations test bench bench-decode bench-cpu bench-ncu plots sanitize gpu-suites clean FORCE
+.PHONY: deps deps-test all ablations ablate test bench bench-decode bench-cpu bench-ncu plots sanitize gpu-suites clean FORCE
 all: $(foreach s,$(BUILT_STAGES),$(call bin,$(s))) tests/attn_tests
 
 # ---- compiling ----
@@ -166,6 +166,8 @@ bench/ablations/$(1): $(BUILD)/main_ablation_$(1).o $(BUILD)/bench/ablations/$(1
 endef
 $(foreach a,$(ABLATIONS),$(eval $(call ablation,$(a))))
 ablations: $(ABLATION_BINS)
+ablate: ablations $(GPU_BINS)
+	FA_COMMIT=$(COMMIT) bench/ablate.sh
 
 # ---- what the tests and the charts need: Criterion, pkg-config, gnuplot (tests/deps.sh) ----
 deps:
@@ -227,7 +229,7 @@ SANITIZE_SHAPES_stage14 := "--seqlen 130 --dim 256 --dtype bf16 --causal" "--seq
                            "--seqlen 1000 --dim 128" "--seqlen 100 --dim 128 --batch 4 --heads 150" \
                            "--seqlen 17 --dim 64 --causal --batch 2 --heads 400"
 # a stage that cannot take the shapes above (stage 15: at most 64 queries, no --counters) names its
-# own instead of them (--batch 1 --heads 2 follow each, so each names --kv-heads 1 or 2)
+# own instead of them (after --batch 1 --heads 2, so each names --kv-heads 1 or 2)
 SANITIZE_BASE_stage15 := "--seqlen 1 --kv-len 1 --dim 64 --kv-heads 2" "--seqlen 1 --kv-len 3000 --dim 128 --kv-heads 1" \
                          "--seqlen 4 --kv-len 1000 --dim 128 --kv-heads 1 --causal --dtype bf16" \
                          "--seqlen 64 --kv-len 4097 --dim 64 --kv-heads 2 --causal" \

@@ -1,50 +1,29 @@
-/* 13_pingpong.cu: FlashAttention-3's scheduling on Hopper: the two consumer warpgroups take
- *   turns at the tensor cores (ping-pong), and a persistent grid
+/* 13_pingpong.cu: FlashAttention-3's two overlaps on Hopper: the consumer warpgroups take turns at
+ *   the tensor cores, and within a warpgroup the softmax of the next scores runs under P V
  *
- * Changed from stage 12: the producer, the ring, the math and the turned loop are stage 12's; three
- *   things are new.
- *   - Turns (ping-pong). A consumer warpgroup issues its wgmma (O_i += P_ij V_j together with
- *     S_{i,j+1} = Q_i K_{j+1}^T) only in its turn, and hands the turn to the other warpgroup as soon
- *     as they are issued: two named barriers, one per warpgroup, each waited on with bar.sync by
- *     its warpgroup (128 threads) and completed by the other's bar.arrive (128 more). So the
- *     warpgroups alternate, and one's softmax (exp2 on the MUFU units) runs while the other's wgmma
- *     keep the tensor cores busy. In stage 12 nothing kept them apart: they could drift into step,
- *     both softmaxes at once and the tensor cores idle. d = 256 keeps stage 12's schedule (config).
- *   - A persistent grid: one block per SM, each looping over work items (a Q tile of one head)
- *     heaviest first, taking the next from a counter in global memory when it is free; the
- *     producer copies the next item's first K/V tiles while the consumers finish the last one. STAGE13_PERSISTENT=0 in the environment runs stage 12's
- *     grid instead (a block per item), =1 (the default) the persistent one; both are checked
- *     (STAGE13_BLOCKS=n: a persistent grid of n blocks, for the tests). The items go by sections
- *     of heads whose K and V fit half the L2 cache, so that the blocks running at once read the
- *     same K/V tiles and find them there, not in HBM (STAGE13_SECTION=n: sections of n heads; n at
- *     least B * H gives one section, the order before sections).
- *   - Within a warpgroup, the softmax under its own P V (FlashAttention-3's intra-warpgroup
- *     overlap), the default: S_{i,j+1} = Q_i K_{j+1}^T is issued first and O_i += P_ij V_j second,
- *     the wait is for S alone, and the softmax of S_{i,j+1} runs while the tensor cores still do
- *     P_ij V_j; O_i's rescale and P_{i,j+1}'s packing wait for P V. STAGE13_OVERLAP=0 in the
- *     environment runs the turned loop instead (P V, then S, one wait for both, then the softmax),
- *     to time against. Both are compiled (the kernel's OVERLAP); d = 256, not turned, has one
- *     schedule. The summary names the one run.
- *   - At d = 64 three consumer warpgroups take turns round robin on a Q tile of 192 rows, as
- *     FlashAttention-3 does at d = 64: a warpgroup's softmax then hides under two other
- *     warpgroups' matmuls, not one (cfg<64>::NWARPGROUPS; d = 128 and 256 keep two).
- *   - At d = 64, Q_i is freed for the next work item's as soon as the item's last S = Q K^T is
- *     done, and O goes from the registers straight to global memory: the next Q_i's copy runs
- *     under the item's end, not before the next item's start (cfg<64>::EARLY_Q; at d = 128 and
- *     256 it measured 0.89-1.00x, and O is staged through Q_i as before).
- * Why: per K/V tile the exponentials are half the tensor cores' time at d = 128 and as much at
+ * Changed from stage 12: the producer, the ring, the grid and the math are stage 12's. Two things
+ *   are new, both about when each warpgroup issues its wgmma:
+ *   - Turns (FlashAttention-3's "ping-pong"). A consumer warpgroup issues its wgmma (O_i += P_ij V_j
+ *     together with S_{i,j+1} = Q_i K_{j+1}^T) only in its turn, and hands the turn to the next
+ *     warpgroup as soon as they are issued: one named barrier per warpgroup, waited on with bar.sync
+ *     by its own 128 threads and completed by the previous warpgroup's bar.arrive (turn_begin,
+ *     turn_end). So the warpgroups alternate, and one's softmax (exp2 on the MUFU units) runs while
+ *     another's wgmma keep the tensor cores busy. In stage 12 nothing keeps them apart: they can
+ *     drift into step, every softmax at once and the tensor cores idle.
+ *   - The softmax under its own P V (FlashAttention-3's intra-warpgroup overlap): in its turn a
+ *     warpgroup issues S_{i,j+1} = Q_i K_{j+1}^T first and O_i += P_ij V_j second, waits for S alone,
+ *     and computes the softmax of S_{i,j+1} while the tensor cores still do P_ij V_j; O_i's rescale
+ *     and P_{i,j+1}'s packing wait for P V (the kernel's OVERLAP).
+ *   The tiles change with them: two consumer warpgroups at d = 128 (a ring of three stages, the
+ *   loop turned), three at d = 64; d = 256 keeps stage 12's schedule (cfg below says why).
+ * Why: per K/V tile the exponentials take half the tensor cores' time at d = 128 and as much at
  *   d = 64 (989 TFLOP/s of fp16 matmul against 3.9 T exp2/s on an H100 or H200: 4096 FLOPs against
  *   16 exp2 per clock and SM). Overlapped they cost nothing; one after the other, they stretch
  *   every tile by half (d = 128) or double it (d = 64).
  * Hopper only: compiled for sm_90a (the Makefile's HOPPER_STAGES); elsewhere it exits 3.
- * Measured on an H200 (notes/13_pingpong.md): the turned schedule 1.00x stage 12 over the benchmark
- *   grid (0.94-0.99x at d = 64, up to 1.08x at d = 128); the overlap +4 to +6% over it at d = 128
- *   (N = 4096, 16384), within 1% at d = 64; the L2 sections 1.23x at d = 128, N = 1024; the work
- *   items from a counter 1.68x at d = 256, N = 16384 causal. The benchmark run of 143b594: 0.99x
- *   cuDNN, 1.68x FlashAttention-2 over the grid (geometric means).
+ * Ablations (bench/ablations/13_*.cu, timed by bench/ablate.sh): without the turns; without the
+ *   softmax under P V. Measured on an H200: notes/13_pingpong.md.
  * Run: ./stage13 --batch 1 --heads 16 --seqlen 16384 --dim 128 --causal
- *      STAGE13_PERSISTENT=0 ./stage13 --batch 1 --heads 16 --seqlen 16384 --dim 128 --causal
- *      STAGE13_OVERLAP=0 ./stage13 --batch 1 --heads 16 --seqlen 16384 --dim 128 --causal
  */
 #include "common/attn.h"
 #include "common/cuda/counters.cuh"
@@ -60,92 +39,56 @@
 #include <cuda_fp16.h>
 #include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
 namespace {
 
 /* ---- configuration ---- */
 
-/* Two consumer warpgroups per block, as in stage 11: a Q tile of Br = 128 rows, 64 per warpgroup
- * (the M of one wgmma), both reading the same K_j, V_j. Per thread a consumer warpgroup's
- * accumulators hold Bc / 2 fp32 of S_ij and HeadDim / 2 of O_i, and P_ij takes Bc / 4 registers
- * (16-bit pairs) that the tensor cores read until the wait: all three live at once.
- * Bc is 128 at d = 64 (stage 11 takes 64 there, which its cp.async buffers needed; here Bc = 64
- * measured 0.84-0.88x of 128, below), 128 at d = 128, 64 at d = 256 (O_i alone is 128 registers).
- * d = 64 has three consumer warpgroups, Br = 192, as FlashAttention-3 does at d = 64 (below: the
- * turns go round the three, and the registers).
- *
- * Then one more warpgroup, the producer (numbered after the consumers, so that the consumers'
- * thread, warp and warpgroup numbers are stage 11's). One of its threads issues every copy; the
- * copies need no registers for their data, so the warpgroup gives its registers away. At launch
- * __launch_bounds__(NTHREADS, 1) gives every thread 65536 / NTHREADS registers (rounded down to a
- * multiple of 8); then the producer keeps 24 (setmaxnreg.dec) and the consumers take what that
- * frees, as much as divides evenly among them (setmaxnreg.inc; tiles::CONSUMER_REGS):
- *   2 consumer warpgroups, 384 threads: 168 at launch, 168 x 384 = 64512
- *     producer 24 x 128 = 3072, consumers 240 x 256 = 61440: 64512, all of it
- *   3 consumer warpgroups, 512 threads: 128 at launch, 128 x 512 = 65536
- *     producer 24 x 128 = 3072, consumers 160 x 384 = 61440: 64512 (162 would be the even share;
- *     setmaxnreg takes multiples of 8)
- * Without setmaxnreg every thread would keep 168 (or 128), under the ~200 stage 11's consumers use
- * at d = 128 (-Xptxas -v). At d = 64 a consumer's peak is O 32 + S 64 + P 32 = 128 registers of
- * data, which 160 holds with room for the addresses and counters; d = 128 (O 64: 160 of data)
- * would not fit, so three warpgroups are a d = 64 option only.
- *
- * K_j and V_j stream through a ring of STAGES stages, each a K_j and a V_j buffer. TURNED, as in
- * stage 11: O_i += P_ij V_j is left running while the consumer waits for tile j+1 and issues
- * S = Q K_{j+1}^T, so a consumer holds two stages (V_j still being read, and tile j+1) and frees
- * tile j's only at the wait for S_{i,j+1}; the copy engine fills the other STAGES - 2. One block
- * per SM (the registers), so shared memory beside Q_i is spent on the ring:
- *   d = 64:  Bc = 128, 4 stages: 16 + 4 x 32 = 144 KiB (stage 12's choice: Bc = 64 with 8 stages
- *            measured 0.84-0.88x of it there); with three warpgroups Q_i is 192 x 64: 24 + 128 =
- *            152 KiB, the same ring.
- *   d = 128: Bc = 128, 3 stages: 32 + 3 x 64 = 224 KiB, as many as fit.
- *   d = 256: Bc = 64, 2 stages: 64 + 2 x 64 = 192 KiB (three do not fit); not turned, so that
- *            tile j's stage is freed as soon as P_ij V_j is done and tile j+2 has the whole of tile
- *            j+1's work to land in (turned, only its softmax).
- * The mbarriers add 16 bytes per stage and 16 for Q_i (full, and empty for the next work item).
- * (Stage 12's compile-time choices are fixed here at its defaults.)
- *
- * PINGPONG: the consumer warpgroups take turns at issuing their wgmma (the kernel's "turns"),
- * round robin: warpgroup 0, 1, (2,) 0, ... At d = 64 and 128, where the exponentials weigh as much
- * as or half as much as the matmuls. Not at d = 256: there the loop is not turned, so a turn would
- * have to hold the wait for P_ij V_j and keep the other warpgroup out for a whole matmul; and the
- * softmax is a quarter of the matmuls' time, which the two warpgroups' drift already hides
- * (FlashAttention-3 leaves its scheduler barrier out at d = 256 too). The registers are not the
- * reason: the turns cost a few.
- *
- * NWARPGROUPS, the consumer warpgroups: 2, or 3 at d = 64. With three, a warpgroup waits for two
- * others' turns between its own: a softmax has two turns of matmuls to hide under instead of one,
- * which is what d = 64 needs (its softmax as long as its matmuls).
- *
- * EARLY_Q (d = 64): each consumer warp frees Q_i for the next work item's as soon as the item's
- * last S = Q K^T has completed, not after the epilogue, so that the copy of the next Q_i runs under
- * the item's last P V, softmax and epilogue instead of before the next item's first S. The epilogue
- * then cannot stage O through Q_i: it stores O from the accumulators straight to global memory (the
- * kernel's epilogue says why not through another buffer). Measured (notes/13, "The two d = 64
- * changes, measured"): +2 to +18% at d = 64; 0.89 to 1.00x at d = 128 and 256, which
- * keep O staged through Q_i (why it loses there is not yet measured). */
+/* Stage 12's block: consumer warpgroups of 64 Q rows each (the M of one wgmma), all reading the same
+ * K_j, V_j from a ring of STAGES shared-memory stages that a producer warpgroup fills by TMA; the
+ * producer keeps 24 registers (setmaxnreg.dec) and the consumers share what that frees
+ * (setmaxnreg.inc; tiles::CONSUMER_REGS):
+ *   2 consumer warpgroups, 384 threads: 168 at launch; producer 24 x 128, consumers 240 x 256
+ *   3 consumer warpgroups, 512 threads: 128 at launch; producer 24 x 128, consumers 160 x 384
+ * The turns need TURNED, as in stage 11: O_i += P_ij V_j is left running while the consumer waits
+ * for tile j+1 and issues S = Q K_{j+1}^T, so a turn issues both, and a consumer holds two stages
+ * (V_j still being read, and tile j+1); the copy engine fills the other STAGES - 2. Per head dim:
+ *   d = 64:  three consumer warpgroups (Br = 192), Bc = 128, 4 stages: 24 + 4 x 32 = 152 KiB. A
+ *            warpgroup's softmax, as long as its matmuls here, hides under two other warpgroups'
+ *            turns, not one. Its data, O 32 + S 64 + P 32 registers, fits 160.
+ *   d = 128: two consumer warpgroups (Br = 128), Bc = 128, 3 stages: 32 + 3 x 64 = 224 KiB, turned.
+ *            (Stage 12 runs three warpgroups and two stages here; three do not fit the 160
+ *            registers of three warpgroups with the overlap's live P_ij, O 64 + S 64 + P 32.)
+ *   d = 256: two, Bc = 64, 2 stages: 64 + 2 x 64 = 192 KiB; not turned and no turns, stage 12's
+ *            loop: a turn would hold the wait for P_ij V_j and keep the other warpgroup out for a
+ *            whole matmul, and the softmax is a quarter of the matmuls' time, which the
+ *            warpgroups' drift already hides (FlashAttention-3 leaves its turns out at d = 256 too).
+ * PINGPONG: the turns; OVERLAP: the softmax under P V (both need TURNED). The mbarriers add 16
+ * bytes per stage and 8 for Q_i. */
 constexpr int WARPGROUP = 4 * WARP_SIZE; /* threads that issue one wgmma together */
 constexpr int PRODUCER_REGS = 24; /* setmaxnreg, per producer thread (above); the consumers': tiles */
 constexpr size_t SMEM_MAX = 227 * 1024; /* the shared memory a block may have on an H100 or H200 */
-template <int HeadDim>
+template <int D>
 struct cfg;
 template <>
 struct cfg<64> { /* O 32 + S 64 + P 32 */
-    static constexpr int NWARPGROUPS = 3, Bc = 128, STAGES = 4, TURNED = 1, PINGPONG = 1, EARLY_Q = 1;
+    static constexpr int HeadDim = 64, NWARPGROUPS = 3, Bc = 128, STAGES = 4, TURNED = 1, PINGPONG = 1, OVERLAP = 1;
 };
 template <>
-struct cfg<128> { static constexpr int NWARPGROUPS = 2, Bc = 128, STAGES = 3, TURNED = 1, PINGPONG = 1, EARLY_Q = 0; };  /* O 64 + S 64 + P 32 */
+struct cfg<128> { /* O 64 + S 64 + P 32 */
+    static constexpr int HeadDim = 128, NWARPGROUPS = 2, Bc = 128, STAGES = 3, TURNED = 1, PINGPONG = 1, OVERLAP = 1;
+};
 template <>
-struct cfg<256> { static constexpr int NWARPGROUPS = 2, Bc = 64, STAGES = 2, TURNED = 0, PINGPONG = 0, EARLY_Q = 0; }; /* O 128 + S 32 + P 16 */
+struct cfg<256> { /* O 128 + S 32 + P 16 */
+    static constexpr int HeadDim = 256, NWARPGROUPS = 2, Bc = 64, STAGES = 2, TURNED = 0, PINGPONG = 0, OVERLAP = 0;
+};
 
-/* Everything derived from the configuration: tile sizes and the shared-memory layout. */
-template <int HeadDim>
+/* Everything derived from a configuration C (cfg<d>, or an ablation's): tile sizes and the
+ * shared-memory layout. */
+template <class C>
 struct tiles {
-    typedef cfg<HeadDim> C;
-    static constexpr int Bc = C::Bc, STAGES = C::STAGES;
-    static constexpr bool TURNED = C::TURNED != 0, PINGPONG = C::PINGPONG != 0, EARLY_Q = C::EARLY_Q != 0;
+    static constexpr int HeadDim = C::HeadDim, Bc = C::Bc, STAGES = C::STAGES;
+    static constexpr bool TURNED = C::TURNED != 0, PINGPONG = C::PINGPONG != 0, OVERLAP = C::OVERLAP != 0;
     static constexpr int NWARPGROUPS = C::NWARPGROUPS; /* consumer warpgroups */
     static constexpr int NWARPS = 4 * NWARPGROUPS;     /* consumer warps */
     /* the wgmma accumulators give each warp 16 rows of its warpgroup's 64: one m16 row tile */
@@ -155,26 +98,21 @@ struct tiles {
      * the producer gives back: 240 with two consumer warpgroups, 160 with three */
     static constexpr int LAUNCH_REGS = 65536 / NTHREADS / 8 * 8;
     static constexpr int CONSUMER_REGS = (LAUNCH_REGS * NTHREADS - PRODUCER_REGS * WARPGROUP) / (NWARPS * WARP_SIZE) / 8 * 8;
-    /* The named barriers (0 is __syncthreads'): 1 + wg, the epilogue of consumer warpgroup wg (not
-     * used with EARLY_Q, whose epilogue does not touch shared memory); then
+    /* The named barriers (0 is __syncthreads'): 1 + wg, the epilogue of consumer warpgroup wg; then
      * TURN_BAR + wg, warpgroup wg's turn (3 and 4 with two warpgroups; 4, 5 and 6 with three) */
     static constexpr int TURN_BAR = 1 + NWARPGROUPS;
     static constexpr int ROWS_PER_WARP = 16 * M_TILES;
     static constexpr int Br = NWARPS * ROWS_PER_WARP;
     /* Q_i [Br][HeadDim], then the ring: STAGES buffers of K_j [Bc][HeadDim], STAGES of V_j, all
      * 16-bit, in the 128-byte swizzle (wgmma.cuh): each starts on a 1024-byte atom. Then the
-     * mbarriers, 8 bytes each: full[STAGES], empty[STAGES], Q_full, Q_empty; then a slot for the
-     * number of the block's next work item, which lands with its Q_i (-1: none, the block is done;
-     * the item hand-over in the kernel). */
+     * mbarriers, 8 bytes each: full[STAGES], empty[STAGES], Q_full. */
     static constexpr size_t Q_i = 0;
     static constexpr size_t K_j = Q_i + 2 * (size_t)Br * HeadDim;
     static constexpr size_t V_j = K_j + STAGES * 2 * (size_t)Bc * HeadDim;
     static constexpr size_t full = V_j + STAGES * 2 * (size_t)Bc * HeadDim;
     static constexpr size_t empty = full + STAGES * sizeof(uint64_t);
     static constexpr size_t Q_full = empty + STAGES * sizeof(uint64_t);
-    static constexpr size_t Q_empty = Q_full + sizeof(uint64_t);
-    static constexpr size_t item_slot = Q_empty + sizeof(uint64_t);
-    static constexpr size_t bytes = item_slot + sizeof(int);
+    static constexpr size_t bytes = Q_full + sizeof(uint64_t);
     static_assert(Br == NWARPGROUPS * 64, "a warpgroup's rows are one wgmma's M, 64");
     static_assert(HeadDim % 64 == 0, "the 128-byte swizzle takes rows of whole 64-element blocks");
     static_assert(Bc % 16 == 0 && Bc >= 64, "Bc: one wgmma's N, and whole k16 steps of P_ij V_j");
@@ -183,6 +121,7 @@ struct tiles {
     static_assert(Br <= 256 && Bc <= 256, "a TMA box has at most 256 rows");
     static_assert(STAGES >= 2, "a ring: the copy engine fills one stage while the consumers read another");
     static_assert(!PINGPONG || TURNED, "a turn issues P_ij V_j and S_{i,j+1} together and waits for neither");
+    static_assert(!OVERLAP || TURNED, "the overlap leaves P_ij V_j running past the next S: a turned loop");
     static_assert(bytes <= SMEM_MAX, "Q_i and the ring fit the shared memory of one block");
     static_assert(PRODUCER_REGS * WARPGROUP + CONSUMER_REGS * NWARPS * WARP_SIZE <= LAUNCH_REGS * NTHREADS,
                   "the consumers take no more registers than the producer gives back");
@@ -192,21 +131,20 @@ struct tiles {
 
 /* ---- kernel ---- */
 
-/* OVERLAP: the schedule of the turned loop, softmax under P V (1) or after it (0); see the loop.
- * COUNT: the counting build for --counters (common/cuda/counters.cuh); the timed build has none. */
-template <typename T, int HeadDim, bool OVERLAP, bool COUNT>
-__global__ void __launch_bounds__(tiles<HeadDim>::NTHREADS, 1)
+/* C: the configuration (cfg<d>, or an ablation's). COUNT: the counting build for --counters
+ * (common/cuda/counters.cuh); the timed build has none. */
+template <typename T, class C, bool COUNT>
+__global__ void __launch_bounds__(tiles<C>::NTHREADS, 1)
 stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_constant__ CUtensorMap tmap_K,
-                        const __grid_constant__ CUtensorMap tmap_V, T *__restrict__ O_all, float *__restrict__ L_all,
-                        int N, int BH, int section, int causal, float scale_log2, unsigned *__restrict__ next_item,
-                        unsigned long long *counters)
+                        const __grid_constant__ CUtensorMap tmap_V, T *__restrict__ O, float *__restrict__ L,
+                        int N, int causal, float scale_log2, unsigned long long *counters)
 {
-    typedef tiles<HeadDim> Tiles;
+    typedef tiles<C> Tiles;
     typedef mma16<T> M;
     constexpr int M_TILES = Tiles::M_TILES, Br = Tiles::Br, Bc = Tiles::Bc, STAGES = Tiles::STAGES;
-    constexpr bool TURNED = Tiles::TURNED, PINGPONG = Tiles::PINGPONG, EARLY_Q = Tiles::EARLY_Q;
+    constexpr int HeadDim = Tiles::HeadDim;
+    constexpr bool TURNED = Tiles::TURNED, PINGPONG = Tiles::PINGPONG, OVERLAP = Tiles::OVERLAP;
     constexpr int NWARPGROUPS = Tiles::NWARPGROUPS, NWARPS = Tiles::NWARPS, TURN_BAR = Tiles::TURN_BAR;
-    static_assert(!OVERLAP || TURNED, "the overlap leaves P_ij V_j running past the next S: a turned loop");
     constexpr int KT = Bc / 8;      /* key tiles: n8 tiles of S_ij */
     constexpr int DT = HeadDim / 8; /* dim tiles: n8 column tiles of O_i */
     extern __shared__ __align__(SW128_ATOM_BYTES) unsigned char smem[];
@@ -215,11 +153,7 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
     T *V_buf = (T *)(smem + Tiles::V_j); /* [STAGES][Bc][HeadDim] */
     uint64_t *full = (uint64_t *)(smem + Tiles::full);   /* [STAGES]: stage s's K_j, V_j have landed */
     uint64_t *empty = (uint64_t *)(smem + Tiles::empty); /* [STAGES]: every consumer warp is done with it */
-    uint64_t *Q_full = (uint64_t *)(smem + Tiles::Q_full); /* Q_i and its item's number have landed */
-    uint64_t *Q_empty = (uint64_t *)(smem + Tiles::Q_empty); /* every consumer warp has stored its O rows
-                                                               * through Q_i (EARLY_Q: has had its last
-                                                               * S = Q K^T): the next Q_i may come */
-    int *item_slot = (int *)(smem + Tiles::item_slot); /* the block's next work item, with its Q_i */
+    uint64_t *Q_full = (uint64_t *)(smem + Tiles::Q_full); /* Q_i has landed */
 
     const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
     const int g = lane >> 2, t = lane & 3;      /* groupID, tid_in_group (see mma.cuh) */
@@ -235,133 +169,50 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
     const uint64_t V_desc = wgmma_desc_mnmajor((unsigned)__cvta_generic_to_shared(V_buf), Bc * SW128_ROW_BYTES);
     constexpr unsigned TILE_BYTES = 2 * Bc * HeadDim; /* one K (or V) buffer */
 
-    /* The work: one item per (Q tile, head), Tr * BH of them, numbered by sections of `section`
-     * heads (the last section may have fewer): within a section rank by rank, heaviest first, and
-     * within a rank head by head. Rank 0 is, with a causal mask, the last Q tile (it sees the most
-     * K/V tiles). Why sections: the blocks running at once take consecutive items, and every item
-     * reads all of its head's K and V (up to its Q tile, causal). Numbered head by head within a
-     * rank across all B * H heads, 132 items at once are 132 heads at N = 1024, each head's K/V read
-     * from HBM again by each of its Q tiles, rounds apart, long evicted from the L2 (at d = 128 that
-     * is 1 GB of K/V reads for 0.27 GB of Q, K, V and O). The host picks `section` so that a
-     * section's K and V fit half the L2 ("The L2 and the order of the items" in note 13): its
-     * items' K/V tiles are read from HBM about once, then from the L2. A section of every head is
-     * the order before sections.
-     * A block takes items one at a time: first item blockIdx.x (blocks start in that order), then
-     * whichever is next when its producer asks, from a counter in global memory (take_item), so a
-     * block that had light items takes more of them. Under a causal mask the items of a section
-     * go from heavy to light and the next section starts heavy again: a fixed share per block (a
-     * snake, as this stage had before it had sections) left some blocks every heavy item where a
-     * section is shorter than a few rounds of the grid (d = 256 at N = 16k: one head a section,
-     * 128 items for 132 blocks, 0.60x). Taking the next item when free is within one item of
-     * even whatever the order (list scheduling), and the last items are the lightest. The plain
-     * grid has a block per item and asks once, to be told there is no more. -1: past the last
-     * item.
-     * The counter goes round once per call: each of the `items` items past the first gridDim.x is
-     * handed out once and each block asks once more to hear there is none, `items` asks in all,
-     * and atomicInc(p, items - 1) stores 0 on the last: zero for the next call (the harness zeroes
-     * the workspace once). */
-    const int Tr = CEIL_DIV(N, Br), items = Tr * BH;
-    auto take_item = [&] { /* by the producer warp: its lane 0 asks, every lane gets the answer */
-        long long w = 0;
-        if (lane == 0) w = (long long)gridDim.x + atomicInc(next_item, (unsigned)items - 1);
-        w = __shfl_sync(FULL_MASK, w, 0);
-        return w < items ? (int)w : -1;
-    };
-    /* The hand-over. Only the producer learns the item numbers; the consumers learn each with its
-     * Q_i. The issuing lane writes the number into item_slot, then makes the arrival on Q_full
-     * that announces Q_i's bytes: an arrival releases the thread's earlier writes, and the wait
-     * that sees the phase complete acquires them, so the consumers' wait for Q_i is their wait for
-     * the number, and nothing holds the producer (it goes on to the item's later tiles at once).
-     * The slot is free again when Q_i's buffer is: the producer writes it after the phase of
-     * Q_empty, on which the lane that read it arrives after its read. After the last item the
-     * number is -1, alone in a phase of Q_full (an arrival, no bytes). Both sides use atomics
-     * for the slot, one per item and warp: the mbarrier orders them, but the race checker does
-     * not follow an mbarrier's order between ordinary stores and loads (note 13) and ignores
-     * atomics. (0f03245 made this a named-barrier meeting of producer and consumers, which held
-     * the producer's copies back until every warpgroup had reached the item: 3 to 8% at d = 64,
-     * and synccheck rejected it; then an st.async into the slot, which Hopper allows only
-     * between the blocks of a cluster; note 13.) */
-    /* item w's head (the tensor maps' outermost coordinate), first query row, and K/V tiles: all of
-     * them, or (causal) up to the one holding its last row */
+    /* The grid: x = (batch, head), y = Q tile. Blocks start in linear order (x fastest), so with a
+     * causal mask y = 0 takes the last Q tile, which sees the most K/V tiles: the longest blocks
+     * start first and the short ones fill in at the end. */
+    const int Tr = gridDim.y;
+    const int i = causal ? Tr - 1 - (int)blockIdx.y : (int)blockIdx.y;
+    const int bh = blockIdx.x; /* the head: the tensor maps' outermost coordinate */
+    O += (size_t)bh * N * HeadDim, L += (size_t)bh * N;
+    const int q0 = i * Br; /* first query row of this tile */
+    /* K/V tiles this Q tile sees: all of them, or (causal) up to the one holding its last row */
     const int Tc = CEIL_DIV(N, Bc);
-    struct work { int bh, q0, n_tiles; };
-    auto work_of = [&](int w) {
-        const int sec = w / (section * Tr), in_sec = w - sec * section * Tr; /* its section, its place in it */
-        const int h0 = sec * section, heads = min(section, BH - h0);         /* the section's heads */
-        const int rank = in_sec / heads, i = causal ? Tr - 1 - rank : rank, q0 = i * Br;
-        return work{h0 + in_sec % heads, q0, causal ? min(Tc, (min(q0 + Br, N) - 1) / Bc + 1) : Tc};
-    };
+    const int n_tiles = causal ? min(Tc, (min(q0 + Br, N) - 1) / Bc + 1) : Tc;
     work_tally<COUNT> tally;
 
     /* The barriers, by one thread: full[s] completes a phase when the producer has arrived (1) and
      * the bytes it announced have landed; empty[s] when each of the NWARPS consumer warps has
-     * arrived once (one lane per warp, after the warp's wait for its wgmma); Q_empty likewise,
-     * after the warp's O rows have left through Q_i (EARLY_Q: after its wait for its last S). */
+     * arrived once (one lane per warp, after the warp's wait for its wgmma). */
     if (tid == 0) {
         for (int s = 0; s < STAGES; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], NWARPS);
-        mbar_init(Q_full, 1), mbar_init(Q_empty, NWARPS);
+        mbar_init(Q_full, 1);
         mbar_fence_init(); /* visible to the copy engine, which completes them */
     }
     __syncthreads(); /* the barriers initialized before any thread waits on them or issues a copy;
                       * the last barrier of the whole block (the producer's idle warps leave) */
 
     if (wg == NWARPGROUPS) {
-        /* ---- the producer: one warp; its lane 0 issues every copy, takes the items and hands them
-         * over with Q_i, the other lanes wait with it (a warp since the hand-over went through named
-         * barriers, which count whole warps; one thread would do again now: note 13); the rest of
-         * the warpgroup leaves ---- */
+        /* ---- the producer: one thread issues every copy, the rest of the warpgroup leaves ---- */
         setmaxnreg_dec<PRODUCER_REGS>(); /* the whole warpgroup, together: its registers to the pool */
-        if (warp == NWARPS) {
-            const bool issuer = lane == 0;
-            if (issuer) tma_prefetch_map(&tmap_Q), tma_prefetch_map(&tmap_K), tma_prefetch_map(&tmap_V);
-            int it0 = 0; /* K/V tiles copied for this block's earlier items: the ring runs on across items */
-            for (int nth = 0, w = (int)blockIdx.x;; nth++) {
-                if (w < 0) { /* no more: -1 where the next Q_i would have come (nth > 0: blockIdx.x < items) */
-                    mbar_wait(Q_empty, (nth - 1) & 1);
-                    if (issuer) atomicExch(item_slot, -1), mbar_arrive(Q_full);
-                    break;
+        if (tid == NWARPS * WARP_SIZE) {
+            tma_prefetch_map(&tmap_Q), tma_prefetch_map(&tmap_K), tma_prefetch_map(&tmap_V);
+            /* Q_i: HeadDim / 64 boxes of 64 columns x Br rows, one per column block */
+            mbar_arrive_expect_tx(Q_full, 2 * Br * HeadDim);
+            for (int cb = 0; cb < HeadDim / 64; cb++)
+                tma_load_3d(Q_i + cb * Br * 64, &tmap_Q, Q_full, cb * 64, q0, bh);
+            /* K_j, V_j into stage j % STAGES, the (j / STAGES)-th time round the ring. From the
+             * second round on the stage must first be empty: its previous tile, j - STAGES, read by
+             * every consumer warp, the phase (j / STAGES - 1) of empty[s]. */
+            for (int j = 0; j < n_tiles; j++) {
+                const int s = j % STAGES, round = j / STAGES;
+                if (round > 0) mbar_wait(&empty[s], (round - 1) & 1);
+                mbar_arrive_expect_tx(&full[s], 2 * TILE_BYTES); /* K_j and V_j: the phase ends when both land */
+                for (int cb = 0; cb < HeadDim / 64; cb++) {
+                    tma_load_3d(K_buf + s * Bc * HeadDim + cb * Bc * 64, &tmap_K, &full[s], cb * 64, j * Bc, bh);
+                    tma_load_3d(V_buf + s * Bc * HeadDim + cb * Bc * 64, &tmap_V, &full[s], cb * 64, j * Bc, bh);
                 }
-                const work W = work_of(w);
-                /* K_j, V_j, this item's tile j, the block's tile it = it0 + j, into stage it % STAGES,
-                 * the (it / STAGES)-th time round the ring. From the second round on the stage must
-                 * first be empty: its previous tile, it - STAGES, read by every consumer warp, the
-                 * phase (it / STAGES - 1) of empty[s]. */
-                auto load_kv = [&](int j) {
-                    const int s = (it0 + j) % STAGES, round = (it0 + j) / STAGES;
-                    if (round > 0) mbar_wait(&empty[s], (round - 1) & 1);
-                    if (!issuer) return;
-                    mbar_arrive_expect_tx(&full[s], 2 * TILE_BYTES); /* K_j and V_j: the phase ends when both land */
-                    for (int cb = 0; cb < HeadDim / 64; cb++) {
-                        tma_load_3d(K_buf + s * Bc * HeadDim + cb * Bc * 64, &tmap_K, &full[s], cb * 64, j * Bc, W.bh);
-                        tma_load_3d(V_buf + s * Bc * HeadDim + cb * Bc * 64, &tmap_V, &full[s], cb * 64, j * Bc, W.bh);
-                    }
-                };
-                /* Q_i's buffer is where the previous item's O rows leave from (the epilogue), so the
-                 * nth Q_i waits for the (nth - 1)-th phase of Q_empty. Before that wait, the tiles whose
-                 * stages the previous items free (j < STAGES: their stage's last tile is an earlier
-                 * item's, released before its epilogue), so that they are in by the time Q_i is;
-                 * tiles j >= STAGES need this item's consumers, so they come after Q_i.
-                 * EARLY_Q: the (nth - 1)-th phase of Q_empty completes at the previous item's last
-                 * S, while its consumers still hold the stages of its last HELD tiles: the last
-                 * tile's V_j, which its last P V reads, and with OVERLAP the one before it too (that
-                 * P V still runs under the softmax). A tile waiting for one of those stages before
-                 * Q_i would hold Q_i's copy back to the end of that P V, so only the tiles whose
-                 * stage is free by then come first (j < STAGES - HELD), the rest after Q_i. */
-                constexpr int HELD = OVERLAP ? 2 : 1;
-                const int early = nth == 0 ? 0 : min(W.n_tiles, EARLY_Q ? STAGES - HELD : STAGES);
-                for (int j = 0; j < early; j++) load_kv(j);
-                if (nth > 0) mbar_wait(Q_empty, (nth - 1) & 1);
-                /* the item's number, then Q_i: HeadDim / 64 boxes of 64 columns x Br rows, one per
-                 * column block */
-                if (issuer) {
-                    atomicExch(item_slot, w); /* before the arrival that releases it */
-                    mbar_arrive_expect_tx(Q_full, 2 * Br * HeadDim);
-                    for (int cb = 0; cb < HeadDim / 64; cb++)
-                        tma_load_3d(Q_i + cb * Br * 64, &tmap_Q, Q_full, cb * 64, W.q0, W.bh);
-                }
-                for (int j = early; j < W.n_tiles; j++) load_kv(j);
-                it0 += W.n_tiles;
-                w = take_item();
             }
         }
         return; /* the copies in flight finish on their own; the consumers wait for them */
@@ -382,20 +233,19 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
      * others since its last one, next's among them. Every phase of each barrier is exactly one
      * sync and one arrival.
      *
-     * The counts. Each warpgroup takes one turn per S = Q K^T it issues, n_tiles per work item, and
-     * ends each with one arrival. Every warpgroup has the same n_tiles on every item: it is the
-     * block's (from the Q tile's last row), not the warpgroup's. Under a causal mask a lower
+     * The counts. Each warpgroup takes one turn per S = Q K^T it issues, n_tiles of them, and ends
+     * each with one arrival. Every warpgroup has the same n_tiles: it is the block's (from the Q
+     * tile's last row), not the warpgroup's. Under a causal mask a lower
      * warpgroup's rows end 64 (or 128) rows before the tile's last, so its last K/V tile can be
      * wholly masked (P_ij = 0), and at the tail rows past N are zeros of Q_i: it computes them all
      * the same, and the turns and the ring's empty barriers (NWARPS warps per stage) count on that.
      * A warpgroup that skipped a tile would still have to take that turn (sync and arrive with no
-     * wgmma between) and release the stage, or the others would wait forever. So over the block,
-     * warpgroup 0 syncs T times on its barrier and the last warpgroup arrives there 1 + T times (the
-     * first turn, handed over, and one per turn): after the last item warpgroup 0 takes the turn
-     * nobody will use, and each barrier ends on a whole phase. Every other warpgroup's barrier: T
-     * arrivals from the warpgroup before it, T syncs. The last P_ij V_j of an item is issued
-     * outside a turn: it has no S with it, and holding the others for it would only delay their
-     * next S. */
+     * wgmma between) and release the stage, or the others would wait forever. So warpgroup 0 syncs
+     * n_tiles times on its barrier and the last warpgroup arrives there 1 + n_tiles times (the first
+     * turn, handed over, and one per turn): at the end warpgroup 0 takes the turn nobody will use,
+     * and each barrier ends on a whole phase. Every other warpgroup's barrier: n_tiles arrivals from
+     * the warpgroup before it, n_tiles syncs. The last P_ij V_j is issued outside a turn: it
+     * has no S with it, and holding the others for it would only delay their next S. */
     auto turn_begin = [&] {
         if constexpr (PINGPONG) named_barrier_sync(TURN_BAR + wg, 2 * WARPGROUP);
     };
@@ -406,294 +256,235 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
     };
     if (wg == NWARPGROUPS - 1) turn_end(); /* the first turn is warpgroup 0's */
 
-    int it0 = 0; /* K/V tiles this block's consumers have had in earlier items (the ring's count) */
-    for (int nth = 0;; nth++) {
-        /* the block's nth Q_i has landed, and with it the item's number (the hand-over above); Q_i
-         * was the copy engine's write, read by wgmma: no fence */
-        mbar_wait(Q_full, nth & 1);
-        int w = 0;
-        if (lane == 0) w = atomicAdd(item_slot, 0); /* one read a warp (the hand-over above) */
-        w = __shfl_sync(FULL_MASK, w, 0);
-        if (w < 0) break; /* no more items */
-        const work W = work_of(w);
-        const int q0 = W.q0, n_tiles = W.n_tiles; /* first query row of this tile; its K/V tiles */
-        T *O = O_all + (size_t)W.bh * N * HeadDim;
-        float *L = L_all + (size_t)W.bh * N;
 
-        /* This lane's rows are row0 + 16 mt + 8 h + g (mt < M_TILES, h = 0, 1). m_i is the running
-         * max of the raw scores (not yet scaled); l_i is this lane's part of the row sum (its 2 of
-         * every 8 columns), added across the quad only at the end. P_ij is the A operand of
-         * O_i += P_ij V_j, packed to 16 bits. */
-        float O_acc[M_TILES][DT][4] = {};
-        float m_i[M_TILES][2], l_i[M_TILES][2];
+    /* This lane's rows are row0 + 16 mt + 8 h + g (mt < M_TILES, h = 0, 1). m_i is the running
+     * max of the raw scores (not yet scaled); l_i is this lane's part of the row sum (its 2 of
+     * every 8 columns), added across the quad only at the end. P_ij is the A operand of
+     * O_i += P_ij V_j, packed to 16 bits. */
+    float O_acc[M_TILES][DT][4] = {};
+    float m_i[M_TILES][2], l_i[M_TILES][2];
 #pragma unroll
-        for (int mt = 0; mt < M_TILES; mt++) m_i[mt][0] = m_i[mt][1] = -INFINITY, l_i[mt][0] = l_i[mt][1] = 0.f;
-        uint32_t P_ij[Bc / 16][4];
+    for (int mt = 0; mt < M_TILES; mt++) m_i[mt][0] = m_i[mt][1] = -INFINITY, l_i[mt][0] = l_i[mt][1] = 0.f;
+    uint32_t P_ij[Bc / 16][4];
 
-        /* Tile j's K_j, V_j have landed in ring stage (it0 + j) mod STAGES: the ((it0 + j) / STAGES)-th
-         * phase of its full barrier. The copy engine wrote them through the async proxy, the proxy
-         * wgmma reads through: no fence, and no block barrier. */
-        auto next_tile = [&](int j) { mbar_wait(&full[(it0 + j) % STAGES], ((it0 + j) / STAGES) & 1); };
-        /* This warp is done with tile j's ring stage: it has waited for every wgmma that read K_j and
-         * V_j. One arrival per warp: the last of the NWARPS frees the stage for tile j + STAGES. */
-        auto release = [&](int j) {
-            if (lane == 0) mbar_arrive(&empty[(it0 + j) % STAGES]);
-        };
-        /* EARLY_Q: this warp is done with Q_i once it has waited for S_ij of the item's last tile j:
-         * only S = Q K^T reads Q_i (P V reads P_ij from registers and V_j; the epilogue, with EARLY_Q,
-         * no shared memory), and every warpgroup issues S for every tile of the item, masked or not
-         * ("The counts" below), so each warp arrives exactly once per item, NWARPS arrivals a phase.
-         * The same release as a ring stage's: the reads were the tensor cores' (async proxy), done
-         * at the wait, and the next Q_i is the copy engine's write (async proxy): no proxy fence,
-         * the arrival orders them. The producer waits for the phase before the next Q_i; a warp can
-         * arrive for the item after only once it has waited for that Q_i (Q_full), so no warp gets
-         * a phase ahead. */
-        auto release_Q = [&](int j) {
-            if constexpr (EARLY_Q)
-                if (j == n_tiles - 1 && lane == 0) mbar_arrive(Q_empty);
-        };
-
-        /* S_ij = Q_i K_j^T issued (raw: the scale is applied inside the exponential), this
-         * warpgroup's 64 rows: one m64nBck16 wgmma per k16 step of the head dim, the first one
-         * overwriting S_ij (accumulate = 0), all in one group. S_ij[0]: a warp's one row tile. */
-        auto issue_scores = [&](float (&S_ij)[M_TILES][KT][4], int j) {
-            const uint64_t K_j = wgmma_desc_step(K_desc, ((it0 + j) % STAGES) * TILE_BYTES);
-            wgmma_fence(); /* S_ij's registers were last written by ordinary instructions (tile j-1) */
+    /* Tile j's K_j, V_j have landed in ring stage j mod STAGES: the (j / STAGES)-th
+     * phase of its full barrier. The copy engine wrote them through the async proxy, the proxy
+     * wgmma reads through: no fence, and no block barrier. */
+    auto next_tile = [&](int j) { mbar_wait(&full[j % STAGES], (j / STAGES) & 1); };
+    /* This warp is done with tile j's ring stage: it has waited for every wgmma that read K_j and
+     * V_j. One arrival per warp: the last of the NWARPS frees the stage for tile j + STAGES. */
+    auto release = [&](int j) {
+        if (lane == 0) mbar_arrive(&empty[j % STAGES]);
+    };
+    /* S_ij = Q_i K_j^T issued (raw: the scale is applied inside the exponential), this
+     * warpgroup's 64 rows: one m64nBck16 wgmma per k16 step of the head dim, the first one
+     * overwriting S_ij (accumulate = 0), all in one group. S_ij[0]: a warp's one row tile. */
+    auto issue_scores = [&](float (&S_ij)[M_TILES][KT][4], int j) {
+        const uint64_t K_j = wgmma_desc_step(K_desc, (j % STAGES) * TILE_BYTES);
+        wgmma_fence(); /* S_ij's registers were last written by ordinary instructions (tile j-1) */
 #pragma unroll
-            for (int k = 0; k < HeadDim / 16; k++)
-                wgmma_ss<T, Bc, 0>(S_ij[0], wgmma_desc_step(Q_desc, sw128_kmajor_step<Br>(k)),
-                                   wgmma_desc_step(K_j, sw128_kmajor_step<Bc>(k)), k > 0);
-            wgmma_commit();
-        };
+        for (int k = 0; k < HeadDim / 16; k++)
+            wgmma_ss<T, Bc, 0>(S_ij[0], wgmma_desc_step(Q_desc, sw128_kmajor_step<Br>(k)),
+                               wgmma_desc_step(K_j, sw128_kmajor_step<Bc>(k)), k > 0);
+        wgmma_commit();
+    };
 
-        /* O_i += P_ij V_j issued: one m64nDk16 wgmma per k16 step of keys, all in one group */
-        auto issue_pv = [&](int j) {
-            const uint64_t V_j = wgmma_desc_step(V_desc, ((it0 + j) % STAGES) * TILE_BYTES);
-            wgmma_hold(O_acc[0]);
-            wgmma_hold(P_ij);
-            wgmma_fence(); /* O_acc (rescaled) and P_ij were just written by ordinary instructions */
+    /* O_i += P_ij V_j issued: one m64nDk16 wgmma per k16 step of keys, all in one group */
+    auto issue_pv = [&](int j) {
+        const uint64_t V_j = wgmma_desc_step(V_desc, (j % STAGES) * TILE_BYTES);
+        wgmma_hold(O_acc[0]);
+        wgmma_hold(P_ij);
+        wgmma_fence(); /* O_acc (rescaled) and P_ij were just written by ordinary instructions */
 #pragma unroll
-            for (int kb = 0; kb < Bc / 16; kb++)
-                wgmma_rs<T, HeadDim, 1>(O_acc[0], P_ij[kb], wgmma_desc_step(V_j, sw128_mnmajor_step(kb)), 1);
-            wgmma_commit();
-        };
+        for (int kb = 0; kb < Bc / 16; kb++)
+            wgmma_rs<T, HeadDim, 1>(O_acc[0], P_ij[kb], wgmma_desc_step(V_j, sw128_mnmajor_step(kb)), 1);
+        wgmma_commit();
+    };
 
-        /* S_ij (in registers; key0 = j Bc, its first key) masked and through the online softmax: P_ij
-         * in place, as fp32, and m_i, l_i updated. O_i's factor alpha is returned, not applied: with OVERLAP the tensor cores are
-         * still adding P_{i,j-1} V_{j-1} into O_i while this runs. */
-        auto softmax = [&](float (&S_ij)[M_TILES][KT][4], int key0, float (&alpha)[M_TILES][2]) {
-            /* Masks, only on the tiles that need them: the tail tile (keys past N) and, when causal,
-             * the tiles that cross the diagonal (some key after some query of this tile). */
-            if (key0 + Bc > N || (causal && key0 + Bc - 1 > q0)) {
-    #pragma unroll
-                for (int mt = 0; mt < M_TILES; mt++)
-    #pragma unroll
-                    for (int nt = 0; nt < KT; nt++)
-    #pragma unroll
-                        for (int c = 0; c < 4; c++) {
-                            const int key = key0 + nt * 8 + 2 * t + (c & 1);
-                            const int query = q0 + row0 + mt * 16 + 8 * (c >> 1) + g;
-                            if (key >= N || (causal && key > query)) S_ij[mt][nt][c] = -INFINITY;
-                        }
-            }
-
-            /* The online softmax per row, in registers (stage 8's, with the scale folded in):
-             *   m_new = max(m_i, rowmax(S_ij));  base = scale * m_new * log2(e)
-             *   P_ij  = exp2(scale_log2 * S_ij - base)          one FFMA and one MUFU per score
-             *   alpha = exp2(scale_log2 * m_i - base);  l_i = alpha l_i + rowsum(P_ij);  (O_i *= alpha)
-             * A row masked so far has m_new = -inf: base = 0, so P_ij = exp2(-inf) = 0, not NaN. */
+    /* S_ij (in registers; key0 = j Bc, its first key) masked and through the online softmax: P_ij
+     * in place, as fp32, and m_i, l_i updated. O_i's factor alpha is returned, not applied: with OVERLAP the tensor cores are
+     * still adding P_{i,j-1} V_{j-1} into O_i while this runs. */
+    auto softmax = [&](float (&S_ij)[M_TILES][KT][4], int key0, float (&alpha)[M_TILES][2]) {
+        /* Masks, only on the tiles that need them: the tail tile (keys past N) and, when causal,
+         * the tiles that cross the diagonal (some key after some query of this tile). */
+        if (key0 + Bc > N || (causal && key0 + Bc - 1 > q0)) {
     #pragma unroll
             for (int mt = 0; mt < M_TILES; mt++)
     #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    float mx = m_i[mt][h];
+                for (int nt = 0; nt < KT; nt++)
     #pragma unroll
-                    for (int nt = 0; nt < KT; nt++) mx = fmaxf(mx, fmaxf(S_ij[mt][nt][2 * h], S_ij[mt][nt][2 * h + 1]));
-                    mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1)); /* the quad holds the row */
-                    mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
-                    const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
-                    alpha[mt][h] = exp2_approx(m_i[mt][h] * scale_log2 - base);
-                    m_i[mt][h] = mx;
-                    float sum = 0.f;
-    #pragma unroll
-                    for (int nt = 0; nt < KT; nt++) {
-                        const float p0 = exp2_approx(fmaf(S_ij[mt][nt][2 * h], scale_log2, -base));
-                        const float p1 = exp2_approx(fmaf(S_ij[mt][nt][2 * h + 1], scale_log2, -base));
-                        S_ij[mt][nt][2 * h] = p0, S_ij[mt][nt][2 * h + 1] = p1;
-                        sum += p0 + p1;
+                    for (int c = 0; c < 4; c++) {
+                        const int key = key0 + nt * 8 + 2 * t + (c & 1);
+                        const int query = q0 + row0 + mt * 16 + 8 * (c >> 1) + g;
+                        if (key >= N || (causal && key > query)) S_ij[mt][nt][c] = -INFINITY;
                     }
-                    l_i[mt][h] = alpha[mt][h] * l_i[mt][h] + sum;
-                    if constexpr (!OVERLAP) /* O_i is ours: rescaled here, row by row */
-    #pragma unroll
-                        for (int nt = 0; nt < DT; nt++) O_acc[mt][nt][2 * h] *= alpha[mt][h], O_acc[mt][nt][2 * h + 1] *= alpha[mt][h];
-                    if (t == 0 && q0 + row0 + mt * 16 + 8 * h + g < N) tally.add(CNT_ROW_CORRECT);
-                }
-        };
-
-        /* O_i *= alpha, then P_ij packed into 16-bit A fragments: two n8 key tiles' C layout is one
-         * k16 step's A layout (wgmma.cuh) */
-        auto rescale_pack = [&](const float (&S_ij)[M_TILES][KT][4], const float (&alpha)[M_TILES][2]) {
-            if constexpr (OVERLAP)
-#pragma unroll
-                for (int mt = 0; mt < M_TILES; mt++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++)
-#pragma unroll
-                        for (int nt = 0; nt < DT; nt++)
-                            O_acc[mt][nt][2 * h] *= alpha[mt][h], O_acc[mt][nt][2 * h + 1] *= alpha[mt][h];
-#pragma unroll
-            for (int kb = 0; kb < Bc / 16; kb++) {
-                P_ij[kb][0] = M::pack(S_ij[0][2 * kb][0], S_ij[0][2 * kb][1]);
-                P_ij[kb][1] = M::pack(S_ij[0][2 * kb][2], S_ij[0][2 * kb][3]);
-                P_ij[kb][2] = M::pack(S_ij[0][2 * kb + 1][0], S_ij[0][2 * kb + 1][1]);
-                P_ij[kb][3] = M::pack(S_ij[0][2 * kb + 1][2], S_ij[0][2 * kb + 1][3]);
-            }
-        };
-
-        /* Tile j's scores, not overlapped: S_ij issued (after O_i += P_{i,j-1} V_{j-1} when turned: the
-         * tensor cores take this group right after it), the turn given away, and one wait for both;
-         * then the softmax, O_i rescaled, P_ij packed. */
-        auto scores = [&](int j) {
-            const int key0 = j * Bc; /* first key of this tile */
-            float S_ij[M_TILES][KT][4];
-            issue_scores(S_ij, j);
-            turn_end(); /* this turn's wgmma are issued: the tensor cores are the next warpgroup's */
-            wgmma_wait<0>(); /* S_ij in registers (and O_i += P_{i,j-1} V_{j-1} done) */
-            wgmma_hold(S_ij[0]);
-            wgmma_hold(O_acc[0]);
-            wgmma_hold(P_ij);
-            if (TURNED && j > 0) release(j - 1); /* O_i += P_{i,j-1} V_{j-1} has read V_{j-1} */
-            release_Q(j); /* the item's last S_ij: Q_i read */
-            float alpha[M_TILES][2];
-            softmax(S_ij, key0, alpha);
-            rescale_pack(S_ij, alpha);
-        };
-
-        /* The loop, turned so that O_i += P_ij V_j is issued and left running while the warpgroup
-         * waits for the next tile and issues the next S = Q K^T:
-         *   tile 0:          wait for it, S_i0 -> P_i0
-         *   tile j:          O_i += P_ij V_j (issued) | wait for tile j+1, S_{i,j+1} -> P_{i,j+1}
-         * So a stage is released one tile late: V_j is read until the wait for S_{i,j+1}, after which
-         * scores releases tile j (the last tile, after the loop). Not turned (d = 256, configuration
-         * above), P_ij V_j is waited for at once and tile j released then.
-         * With PINGPONG each S = Q K^T is issued in a turn, with the P V before it: the warpgroup
-         * first waits for its tile (it never holds the turn while it waits on the copy engine), then
-         * for its turn, issues, and gives the turn away (in scores) before it waits for its wgmma.
-         * OVERLAP (FlashAttention-3's intra-warpgroup overlap) swaps the two in the turn and waits
-         * for them apart: S_{i,j+1} first, then O_i += P_ij V_j; wait for S alone (the groups
-         * complete in order), the softmax of S_{i,j+1} while the tensor cores do P_ij V_j; then
-         * wait for P V, and only then O_i *= alpha and P_{i,j+1} packed (both overwrite registers
-         * the running wgmma hold). */
-        next_tile(0);
-        turn_begin();
-        scores(0);
-        if constexpr (OVERLAP) {
-            for (int j = 0; j + 1 < n_tiles; j++) {
-                next_tile(j + 1);
-                turn_begin(); /* S_{i,j+1} and P_ij V_j go to the tensor cores in this turn */
-                float S_ij[M_TILES][KT][4]; /* S_{i,j+1} */
-                issue_scores(S_ij, j + 1); /* first: the group the softmax waits for */
-                issue_pv(j);               /* second: left running under the softmax */
-                turn_end();
-                wgmma_wait<1>(); /* S_{i,j+1} in registers; O_i += P_ij V_j may still be running */
-                wgmma_hold(S_ij[0]);
-                release_Q(j + 1); /* the item's last S: Q_i read, while P_ij V_j still runs */
-                float alpha[M_TILES][2];
-                softmax(S_ij, (j + 1) * Bc, alpha); /* exp2 on the MUFU units, P_ij V_j on the tensor cores */
-                /* O_i += P_ij V_j done: O_i is ours again, P_ij's registers free. wgmma_wait_here: a
-                 * plain wait ptxas would place above the softmax (wgmma.cuh), leaving it nothing to overlap */
-                wgmma_wait_here<0>(j);
-                wgmma_hold(O_acc[0]);
-                wgmma_hold(P_ij);
-                release(j); /* tile j's stage: K_j read long ago, V_j now */
-                rescale_pack(S_ij, alpha);
-            }
-            issue_pv(n_tiles - 1); /* the last P V, outside any turn (below) */
-        } else {
-            for (int j = 0; j < n_tiles; j++) {
-                if (PINGPONG && j + 1 < n_tiles) {
-                    next_tile(j + 1);
-                    turn_begin(); /* P_ij V_j and S_{i,j+1} go to the tensor cores in this turn */
-                }
-                issue_pv(j);
-                if constexpr (!TURNED) {
-                    wgmma_wait<0>(); /* O_i updated; V_j and P_ij read */
-                    wgmma_hold(O_acc[0]);
-                    wgmma_hold(P_ij);
-                    release(j);
-                }
-                if (j + 1 < n_tiles) {
-                    if (!PINGPONG) next_tile(j + 1);
-                    scores(j + 1);
-                }
-            }
         }
-        wgmma_wait<0>(); /* the last O_i += P_ij V_j */
-        wgmma_hold(O_acc[0]);
-        if constexpr (TURNED) release(n_tiles - 1); /* (no copy waits for it: released all the same,
-                                                      * so that every tile is released once) */
 
-        /* The one normalization, O_i / l_i, and L = scale * m + log(l) in nats. O goes through this
-         * warp's own rows of the Q tile in shared memory, then out in 16-byte stores along each row.
-         * EARLY_Q: Q_i may already hold the next item's Q, so O goes from the accumulators straight
-         * to global memory, each lane's pairs of adjacent columns as one 32-bit store (a warp's store
-         * covers 16 bytes of each of 8 rows; the next n8 tile fills the rest of those 32-byte
-         * sectors, which L2 merges before HBM: the same bytes reach HBM). Not through another shared
-         * buffer: at d = 128 Q_i and the three ring stages leave 3 KiB, at d = 256 35 KiB, under
-         * the 32 and 64 KiB of an O tile; only d = 64 has room, and one epilogue serves every d. */
-        if constexpr (!EARLY_Q)
-            named_barrier_sync(1 + wg, WARPGROUP); /* a warpgroup's wgmma reads all 64 of its rows of Q_i: no
-                                                    * warp overwrites its rows before every warp of its
-                                                    * warpgroup is past its last wgmma (a barrier of the
-                                                    * warpgroup alone: the producer has left) */
-#pragma unroll
+        /* The online softmax per row, in registers (stage 8's, with the scale folded in):
+         *   m_new = max(m_i, rowmax(S_ij));  base = scale * m_new * log2(e)
+         *   P_ij  = exp2(scale_log2 * S_ij - base)          one FFMA and one MUFU per score
+         *   alpha = exp2(scale_log2 * m_i - base);  l_i = alpha l_i + rowsum(P_ij);  (O_i *= alpha)
+         * A row masked so far has m_new = -inf: base = 0, so P_ij = exp2(-inf) = 0, not NaN. */
+    #pragma unroll
         for (int mt = 0; mt < M_TILES; mt++)
-#pragma unroll
+    #pragma unroll
             for (int h = 0; h < 2; h++) {
-                float sum = l_i[mt][h];
-                sum += __shfl_xor_sync(FULL_MASK, sum, 1);
-                sum += __shfl_xor_sync(FULL_MASK, sum, 2);
-                const float inv_l = sum > 0.f ? 1.f / sum : 0.f; /* an all-masked row gives O = 0 */
-                const int r = row0 + mt * 16 + 8 * h + g, query = q0 + r;
-                if (t == 0 && query < N) {
-                    tally.add(CNT_ROW_NORMALIZE);
-                    L[query] = m_i[mt][h] * scale_log2 * LN2 + logf(sum);
+                float mx = m_i[mt][h];
+    #pragma unroll
+                for (int nt = 0; nt < KT; nt++) mx = fmaxf(mx, fmaxf(S_ij[mt][nt][2 * h], S_ij[mt][nt][2 * h + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1)); /* the quad holds the row */
+                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
+                const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
+                alpha[mt][h] = exp2_approx(m_i[mt][h] * scale_log2 - base);
+                m_i[mt][h] = mx;
+                float sum = 0.f;
+    #pragma unroll
+                for (int nt = 0; nt < KT; nt++) {
+                    const float p0 = exp2_approx(fmaf(S_ij[mt][nt][2 * h], scale_log2, -base));
+                    const float p1 = exp2_approx(fmaf(S_ij[mt][nt][2 * h + 1], scale_log2, -base));
+                    S_ij[mt][nt][2 * h] = p0, S_ij[mt][nt][2 * h + 1] = p1;
+                    sum += p0 + p1;
                 }
-                if constexpr (EARLY_Q) {
-                    if (query < N) /* rows past N are not written */
+                l_i[mt][h] = alpha[mt][h] * l_i[mt][h] + sum;
+                if constexpr (!OVERLAP) /* O_i is ours: rescaled here, row by row */
+    #pragma unroll
+                    for (int nt = 0; nt < DT; nt++) O_acc[mt][nt][2 * h] *= alpha[mt][h], O_acc[mt][nt][2 * h + 1] *= alpha[mt][h];
+                if (t == 0 && q0 + row0 + mt * 16 + 8 * h + g < N) tally.add(CNT_ROW_CORRECT);
+            }
+    };
+
+    /* O_i *= alpha, then P_ij packed into 16-bit A fragments: two n8 key tiles' C layout is one
+     * k16 step's A layout (wgmma.cuh) */
+    auto rescale_pack = [&](const float (&S_ij)[M_TILES][KT][4], const float (&alpha)[M_TILES][2]) {
+        if constexpr (OVERLAP)
 #pragma unroll
-                        for (int nt = 0; nt < DT; nt++)
-                            *(uint32_t *)&O[(size_t)query * HeadDim + nt * 8 + 2 * t] =
-                                M::pack(O_acc[mt][nt][2 * h] * inv_l, O_acc[mt][nt][2 * h + 1] * inv_l);
-                } else {
+            for (int mt = 0; mt < M_TILES; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
 #pragma unroll
                     for (int nt = 0; nt < DT; nt++)
-                        *(uint32_t *)&Q_i[sw128<Br>(r, nt) + 2 * t] =
-                            M::pack(O_acc[mt][nt][2 * h] * inv_l, O_acc[mt][nt][2 * h + 1] * inv_l);
-                }
-            }
-        if constexpr (!EARLY_Q) {
-            __syncwarp(); /* this warp's O rows in shared memory before its lanes copy them out */
-            constexpr int CHUNKS = HeadDim / 8;
-            /* Unrolled by 4 (what nvcc picks here unasked), but with three warpgroups not at all: unrolled,
-             * ptxas computes each copy's addresses once for the whole block, out of the item loop, and
-             * under 160 registers it spills them (to load them back every item); rolled, they are cheap
-             * to compute again per copy */
-            constexpr int UNROLL = NWARPGROUPS == 3 ? 1 : 4;
-#pragma unroll(UNROLL)
-            for (int c = lane; c < Tiles::ROWS_PER_WARP * CHUNKS; c += WARP_SIZE) {
-                const int r = row0 + c / CHUNKS, chunk = c % CHUNKS, query = q0 + r;
-                if (query < N)
-                    *(uint4 *)&O[(size_t)query * HeadDim + chunk * 8] = *(const uint4 *)&Q_i[sw128<Br>(r, chunk)];
-            }
-            /* This warp's rows of Q_i are free for the next item's Q_i: its lanes' ordinary reads and
-             * writes of them (generic proxy) ordered before the copy engine's write (async proxy), then
-             * one arrival per warp on Q_empty, which the producer waits for */
-            fence_proxy_async_smem();
-            __syncwarp();
-            if (lane == 0) mbar_arrive(Q_empty);
+                        O_acc[mt][nt][2 * h] *= alpha[mt][h], O_acc[mt][nt][2 * h + 1] *= alpha[mt][h];
+#pragma unroll
+        for (int kb = 0; kb < Bc / 16; kb++) {
+            P_ij[kb][0] = M::pack(S_ij[0][2 * kb][0], S_ij[0][2 * kb][1]);
+            P_ij[kb][1] = M::pack(S_ij[0][2 * kb][2], S_ij[0][2 * kb][3]);
+            P_ij[kb][2] = M::pack(S_ij[0][2 * kb + 1][0], S_ij[0][2 * kb + 1][1]);
+            P_ij[kb][3] = M::pack(S_ij[0][2 * kb + 1][2], S_ij[0][2 * kb + 1][3]);
         }
-        it0 += n_tiles;
+    };
+
+    /* Tile j's scores, not overlapped: S_ij issued (after O_i += P_{i,j-1} V_{j-1} when turned: the
+     * tensor cores take this group right after it), the turn given away, and one wait for both;
+     * then the softmax, O_i rescaled, P_ij packed. */
+    auto scores = [&](int j) {
+        const int key0 = j * Bc; /* first key of this tile */
+        float S_ij[M_TILES][KT][4];
+        issue_scores(S_ij, j);
+        turn_end(); /* this turn's wgmma are issued: the tensor cores are the next warpgroup's */
+        wgmma_wait<0>(); /* S_ij in registers (and O_i += P_{i,j-1} V_{j-1} done) */
+        wgmma_hold(S_ij[0]);
+        wgmma_hold(O_acc[0]);
+        wgmma_hold(P_ij);
+        if (TURNED && j > 0) release(j - 1); /* O_i += P_{i,j-1} V_{j-1} has read V_{j-1} */
+        float alpha[M_TILES][2];
+        softmax(S_ij, key0, alpha);
+        rescale_pack(S_ij, alpha);
+    };
+
+    /* The loop, turned so that O_i += P_ij V_j is issued and left running while the warpgroup
+     * waits for the next tile and issues the next S = Q K^T:
+     *   tile 0:          wait for it, S_i0 -> P_i0
+     *   tile j:          O_i += P_ij V_j (issued) | wait for tile j+1, S_{i,j+1} -> P_{i,j+1}
+     * So a stage is released one tile late: V_j is read until the wait for S_{i,j+1}, after which
+     * scores releases tile j (the last tile, after the loop). Not turned (d = 256, configuration
+     * above), P_ij V_j is waited for at once and tile j released then.
+     * With PINGPONG each S = Q K^T is issued in a turn, with the P V before it: the warpgroup
+     * first waits for its tile (it never holds the turn while it waits on the copy engine), then
+     * for its turn, issues, and gives the turn away (in scores) before it waits for its wgmma.
+     * OVERLAP (FlashAttention-3's intra-warpgroup overlap) swaps the two in the turn and waits
+     * for them apart: S_{i,j+1} first, then O_i += P_ij V_j; wait for S alone (the groups
+     * complete in order), the softmax of S_{i,j+1} while the tensor cores do P_ij V_j; then
+     * wait for P V, and only then O_i *= alpha and P_{i,j+1} packed (both overwrite registers
+     * the running wgmma hold). */
+    mbar_wait(Q_full, 0); /* Q_i has landed (the barrier's one phase; no fence, as for K_j, V_j) */
+    next_tile(0);
+    turn_begin();
+    scores(0);
+    if constexpr (OVERLAP) {
+        for (int j = 0; j + 1 < n_tiles; j++) {
+            next_tile(j + 1);
+            turn_begin(); /* S_{i,j+1} and P_ij V_j go to the tensor cores in this turn */
+            float S_ij[M_TILES][KT][4]; /* S_{i,j+1} */
+            issue_scores(S_ij, j + 1); /* first: the group the softmax waits for */
+            issue_pv(j);               /* second: left running under the softmax */
+            turn_end();
+            wgmma_wait<1>(); /* S_{i,j+1} in registers; O_i += P_ij V_j may still be running */
+            wgmma_hold(S_ij[0]);
+            float alpha[M_TILES][2];
+            softmax(S_ij, (j + 1) * Bc, alpha); /* exp2 on the MUFU units, P_ij V_j on the tensor cores */
+            /* O_i += P_ij V_j done: O_i is ours again, P_ij's registers free. wgmma_wait_here: a
+             * plain wait ptxas would place above the softmax (wgmma.cuh), leaving it nothing to overlap */
+            wgmma_wait_here<0>(j);
+            wgmma_hold(O_acc[0]);
+            wgmma_hold(P_ij);
+            release(j); /* tile j's stage: K_j read long ago, V_j now */
+            rescale_pack(S_ij, alpha);
+        }
+        issue_pv(n_tiles - 1); /* the last P V, outside any turn (below) */
+    } else {
+        for (int j = 0; j < n_tiles; j++) {
+            if (PINGPONG && j + 1 < n_tiles) {
+                next_tile(j + 1);
+                turn_begin(); /* P_ij V_j and S_{i,j+1} go to the tensor cores in this turn */
+            }
+            issue_pv(j);
+            if constexpr (!TURNED) {
+                wgmma_wait<0>(); /* O_i updated; V_j and P_ij read */
+                wgmma_hold(O_acc[0]);
+                wgmma_hold(P_ij);
+                release(j);
+            }
+            if (j + 1 < n_tiles) {
+                if (!PINGPONG) next_tile(j + 1);
+                scores(j + 1);
+            }
+        }
+    }
+    wgmma_wait<0>(); /* the last O_i += P_ij V_j */
+    wgmma_hold(O_acc[0]);
+    if constexpr (TURNED) release(n_tiles - 1); /* (no copy waits for it: released all the same,
+                                                  * so that every tile is released once) */
+
+    /* The one normalization, O_i / l_i, and L = scale * m + log(l) in nats. O goes through this
+     * warp's own rows of the Q tile in shared memory, then out in 16-byte stores along each row. */
+    named_barrier_sync(1 + wg, WARPGROUP); /* a warpgroup's wgmma reads all 64 of its rows of Q_i: no
+                                            * warp overwrites its rows before every warp of its
+                                            * warpgroup is past its last wgmma (a barrier of the
+                                            * warpgroup alone: the producer has left) */
+#pragma unroll
+    for (int mt = 0; mt < M_TILES; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float sum = l_i[mt][h];
+            sum += __shfl_xor_sync(FULL_MASK, sum, 1);
+            sum += __shfl_xor_sync(FULL_MASK, sum, 2);
+            const float inv_l = sum > 0.f ? 1.f / sum : 0.f; /* an all-masked row gives O = 0 */
+            const int r = row0 + mt * 16 + 8 * h + g, query = q0 + r;
+            if (t == 0 && query < N) {
+                tally.add(CNT_ROW_NORMALIZE);
+                L[query] = m_i[mt][h] * scale_log2 * LN2 + logf(sum);
+            }
+#pragma unroll
+            for (int nt = 0; nt < DT; nt++)
+                *(uint32_t *)&Q_i[sw128<Br>(r, nt) + 2 * t] =
+                    M::pack(O_acc[mt][nt][2 * h] * inv_l, O_acc[mt][nt][2 * h + 1] * inv_l);
+        }
+    __syncwarp(); /* this warp's O rows in shared memory before its lanes copy them out */
+    constexpr int CHUNKS = HeadDim / 8;
+    for (int c = lane; c < Tiles::ROWS_PER_WARP * CHUNKS; c += WARP_SIZE) {
+        const int r = row0 + c / CHUNKS, chunk = c % CHUNKS, query = q0 + r;
+        if (query < N)
+            *(uint4 *)&O[(size_t)query * HeadDim + chunk * 8] = *(const uint4 *)&Q_i[sw128<Br>(r, chunk)];
     }
     if (wg == 0) turn_begin(); /* the turn the last warpgroup handed over, which nobody takes (the counts) */
     tally.flush(counters);
@@ -705,7 +496,7 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
 template <int HeadDim>
 double kv_rows_read(const struct shape *sh)
 {
-    typedef tiles<HeadDim> Tiles;
+    typedef tiles<cfg<HeadDim>> Tiles;
     const int N = sh->N, Tr = CEIL_DIV(N, Tiles::Br), Tc = CEIL_DIV(N, Tiles::Bc);
     double rows = 0;
     for (int i = 0; i < Tr; i++) {
@@ -730,198 +521,61 @@ void hbm_bytes(const struct shape *sh, struct hbm_traffic *t)
     t->q_reads = 1;
 }
 
-/* The run-time choices, from the environment (a bad value: ATTN_UNSUPPORTED, one line in why).
- *   STAGE13_PERSISTENT=1 (or unset): a persistent grid, a block per SM each looping over its work
- *     items (one block per item where there are fewer); =0: a block per item, stage 12's grid.
- *   STAGE13_BLOCKS=n: the persistent grid gets n blocks instead of one per SM: the tests take 1 and
- *     3, so that a block runs many items one after another on small problems.
- *   STAGE13_OVERLAP=1 (or unset): FlashAttention-3's intra-warpgroup overlap, softmax under P V;
- *     =0: the turned loop, softmax after P V. d = 256, not turned, runs its one schedule under
- *     both.
- *   STAGE13_SECTION=n: the work items by sections of n heads (the kernel's work order) instead of
- *     the rule's (section_heads); n of B * H or more: one section, the order before sections. */
-struct choices {
-    int persistent;  /* 0: the plain grid */
-    long long blocks; /* the persistent grid's blocks; 0: one per SM */
-    int overlap;
-    long long section; /* heads per section; 0: the rule's */
-};
-int run_choices(struct choices *c, char *why, size_t n)
+template <typename T, class C, bool COUNT>
+int launch(const struct attn_args *a, char *why, size_t n)
 {
-    const char *p = getenv("STAGE13_PERSISTENT"), *b = getenv("STAGE13_BLOCKS"), *o = getenv("STAGE13_OVERLAP");
-    const char *sec = getenv("STAGE13_SECTION");
-    if (p && *p && strcmp(p, "0") && strcmp(p, "1")) {
-        snprintf(why, n, "STAGE13_PERSISTENT=%s: expected 0 (a block per Q tile and head) or 1 (a block per SM, "
-                 "the default)", p);
-        return ATTN_UNSUPPORTED;
-    }
-    if (o && *o && strcmp(o, "0") && strcmp(o, "1")) {
-        snprintf(why, n, "STAGE13_OVERLAP=%s: expected 0 (softmax after P V) or 1 (softmax under P V, the default)", o);
-        return ATTN_UNSUPPORTED;
-    }
-    char *end = NULL;
-    const long long want = b && *b ? strtoll(b, &end, 10) : 0;
-    if (b && *b && (*end || want < 1 || want > 2147483647LL)) {
-        snprintf(why, n, "STAGE13_BLOCKS=%s: expected the persistent grid's blocks, 1 to 2^31 - 1", b);
-        return ATTN_UNSUPPORTED;
-    }
-    const long long heads = sec && *sec ? strtoll(sec, &end, 10) : 0;
-    if (sec && *sec && (*end || heads < 1 || heads > 2147483647LL)) {
-        snprintf(why, n, "STAGE13_SECTION=%s: expected the heads of a section of the work, 1 to 2^31 - 1", sec);
-        return ATTN_UNSUPPORTED;
-    }
-    *c = choices{!(p && !strcmp(p, "0")), want, !(o && !strcmp(o, "0")), heads};
-    return 0;
-}
-
-/* The device's SMs and L2 bytes, asked once per run. Returns 0, or ATTN_CUDA_ERROR (no device). */
-struct device_facts {
-    int sms, l2_bytes;
-};
-int device_facts_of(struct device_facts *f, char *why, size_t n)
-{
-    static struct device_facts known = {0, 0};
-    if (!known.sms) {
-        int dev = 0;
-        CUDA_TRY(cudaGetDevice(&dev));
-        CUDA_TRY(cudaDeviceGetAttribute(&known.l2_bytes, cudaDevAttrL2CacheSize, dev));
-        CUDA_TRY(cudaDeviceGetAttribute(&known.sms, cudaDevAttrMultiProcessorCount, dev));
-    }
-    *f = known;
-    return 0;
-}
-
-/* The heads per section of the work order (the kernel's work_of): as many heads as have their K
- * and V, 2 * N * d 16-bit elements each, in half of `l2_bytes` (the other half for the Q tiles, O
- * and what else passes through), at least 1, at most every head; STAGE13_SECTION overrides it.
- * l2_bytes 0 (no device to ask: a summary on a machine without one): one section of every head. */
-int section_heads(const struct choices *c, const struct shape *sh, int l2_bytes)
-{
-    const long long bh = (long long)sh->B * sh->H, kv_head = 2LL * sh->N * sh->d * 2;
-    const long long rule = l2_bytes ? std::max(1LL, l2_bytes / 2 / kv_head) : bh;
-    return (int)std::min(bh, c->section ? c->section : rule);
-}
-
-/* The workspace: the counter the blocks take their work items from (the kernel's take_item), zero
- * when allocated (the harness zeroes a workspace once) and zero again after every call. */
-size_t workspace_bytes(const struct attn_args *a)
-{
-    (void)a;
-    return sizeof(unsigned);
-}
-
-/* The grid's blocks for `items` work items under the choices c, on a device of `sms` SMs. */
-long long grid_blocks(const struct choices *c, long long items, int sms)
-{
-    return !c->persistent ? items : std::min(items, c->blocks ? c->blocks : (long long)sms);
-}
-
-template <typename T, int HeadDim, bool OVERLAP, bool COUNT>
-int launch(const struct attn_args *a, const struct choices *c, char *why, size_t n)
-{
-    typedef tiles<HeadDim> Tiles;
+    typedef tiles<C> Tiles;
+    constexpr int HeadDim = Tiles::HeadDim;
     const size_t smem = Tiles::bytes;
-    if (int rc = smem_optin(stage13_pingpong_kernel<T, HeadDim, OVERLAP, COUNT>, smem, HeadDim, why, n)) return rc;
+    if (int rc = smem_optin(stage13_pingpong_kernel<T, C, COUNT>, smem, HeadDim, why, n)) return rc;
 
     const struct shape *sh = &a->sh;
     const long long bh = (long long)sh->B * sh->H;
-    const long long items = bh * CEIL_DIV(sh->N, Tiles::Br); /* (Q tile, head): the kernel's work items */
-    if (items > 2147483647LL) {
-        snprintf(why, n, "batch * heads * Q tiles = %lld is more work items than the kernel counts (2^31 - 1)", items);
+    if (bh > 2147483647LL) {
+        snprintf(why, n, "batch * heads = %lld is more than a grid dimension holds (2^31 - 1)", bh);
         return ATTN_UNSUPPORTED;
     }
-    if (!a->work) {
-        snprintf(why, n, "needs its workspace (workspace_bytes: the work items' counter) and none was given");
-        return ATTN_UNSUPPORTED;
-    }
-    struct device_facts dev;
-    if (int rc = device_facts_of(&dev, why, n)) return rc;
-    const long long blocks = grid_blocks(c, items, dev.sms);
-    const int section = section_heads(c, sh, dev.l2_bytes);
     /* The tensor maps, made on the host for this call's tensors (a few microseconds of CPU, no
      * GPU work) and passed by value: Q's boxes are Br rows, K's and V's Bc. */
     CUtensorMap tmap_Q, tmap_K, tmap_V;
     if (int rc = tma_map_heads<T>(&tmap_Q, (const T *)a->Q, bh, sh->N, HeadDim, Tiles::Br, why, n)) return rc;
     if (int rc = tma_map_heads<T>(&tmap_K, (const T *)a->K, bh, sh->N, HeadDim, Tiles::Bc, why, n)) return rc;
     if (int rc = tma_map_heads<T>(&tmap_V, (const T *)a->V, bh, sh->N, HeadDim, Tiles::Bc, why, n)) return rc;
-    /* one dimension: the kernel numbers the items itself, by sections, heaviest first */
-    const dim3 grid((unsigned)blocks);
+    /* (batch, head) in x, Q tiles in y: at most 2^20 / 128 = 8192 tiles, under y's 65535 */
+    const dim3 grid((unsigned)bh, CEIL_DIV(sh->N, Tiles::Br));
     const dim3 block(Tiles::NTHREADS);
-    stage13_pingpong_kernel<T, HeadDim, OVERLAP, COUNT><<<grid, block, smem>>>(
-        tmap_Q, tmap_K, tmap_V, (T *)a->O, a->L, sh->N, (int)bh, section, sh->causal, sh->scale * LOG2E,
-        (unsigned *)a->work, a->counters);
+    stage13_pingpong_kernel<T, C, COUNT><<<grid, block, smem>>>(
+        tmap_Q, tmap_K, tmap_V, (T *)a->O, a->L, sh->N, sh->causal, sh->scale * LOG2E, a->counters);
     CUDA_TRY(cudaGetLastError());
     return 0;
 }
 
-/* dtype, head dim, schedule and counting build -> the kernel's template arguments (d = 256: one
- * schedule, not turned) */
-template <typename T, bool COUNT>
+/* dtype, head dim and counting build -> the kernel's template arguments: the configurations C64,
+ * C128 and C256 (the stage's cfg<d>; an ablation passes its own) */
+template <typename T, bool COUNT, class C64, class C128, class C256>
 int dispatch_d(const struct attn_args *a, char *why, size_t n)
 {
-    struct choices c;
-    if (int rc = run_choices(&c, why, n)) return rc;
     switch (a->sh.d) {
-    case 64: return c.overlap ? launch<T, 64, true, COUNT>(a, &c, why, n) : launch<T, 64, false, COUNT>(a, &c, why, n);
-    case 128: return c.overlap ? launch<T, 128, true, COUNT>(a, &c, why, n) : launch<T, 128, false, COUNT>(a, &c, why, n);
-    case 256: return launch<T, 256, false, COUNT>(a, &c, why, n);
+    case 64: return launch<T, C64, COUNT>(a, why, n);
+    case 128: return launch<T, C128, COUNT>(a, why, n);
+    case 256: return launch<T, C256, COUNT>(a, why, n);
     }
     snprintf(why, n, "supports head dim 64, 128 or 256 (got d=%d)", a->sh.d);
     return ATTN_UNSUPPORTED;
 }
 
-template <typename T>
+template <typename T, class C64, class C128, class C256>
 int dispatch(const struct attn_args *a, char *why, size_t n)
 {
-    return a->counters ? dispatch_d<T, true>(a, why, n) : dispatch_d<T, false>(a, why, n);
+    return a->counters ? dispatch_d<T, true, C64, C128, C256>(a, why, n) : dispatch_d<T, false, C64, C128, C256>(a, why, n);
 }
 
+template <class C64 = cfg<64>, class C128 = cfg<128>, class C256 = cfg<256>>
 int forward(const struct attn_args *a, char *why, size_t n)
 {
-    if (a->dtype == DT_F16) return dispatch<__half>(a, why, n);
-    if (a->dtype == DT_BF16) return dispatch<__nv_bfloat16>(a, why, n);
+    if (a->dtype == DT_F16) return dispatch<__half, C64, C128, C256>(a, why, n);
+    if (a->dtype == DT_BF16) return dispatch<__nv_bfloat16, C64, C128, C256>(a, why, n);
     snprintf(why, n, "supports fp16 and bf16 (got %s)", dtype_name(a->dtype));
-    return ATTN_UNSUPPORTED;
-}
-
-/* What the summary names: the tiles, and the schedule and grid the environment chose. */
-template <int HeadDim>
-int tiles_of(const struct choices *ch, const struct shape *sh, size_t limit, struct tile_config *c)
-{
-    typedef tiles<HeadDim> Tiles;
-    if (Tiles::bytes > limit) {
-        snprintf(c->text, sizeof c->text, "d=%d needs %zu.%zu KiB of shared memory per block; this device allows %zu KiB%s",
-                 HeadDim, Tiles::bytes / 1024, Tiles::bytes % 1024 * 10 / 1024, limit / 1024, smem_cap_words(limit));
-        return ATTN_UNSUPPORTED;
-    }
-    const char *schedule = !Tiles::TURNED ? "not turned (STAGE13_OVERLAP not used at this d)"
-                           : ch->overlap  ? "overlap: softmax under P V (STAGE13_OVERLAP=1)"
-                                          : "turned: softmax after P V (STAGE13_OVERLAP=0)";
-    char grid[48];
-    if (!ch->persistent) snprintf(grid, sizeof grid, "plain grid");
-    else if (ch->blocks) snprintf(grid, sizeof grid, "persistent grid of %lld blocks", ch->blocks);
-    else snprintf(grid, sizeof grid, "persistent grid");
-    char unused[160];
-    struct device_facts dev = {0, 0};
-    if (device_facts_of(&dev, unused, sizeof unused)) (void)cudaGetLastError(); /* no device: dev stays 0 */
-    const int section = section_heads(ch, sh, dev.l2_bytes);
-    return tiles_found(c, Tiles::Br, Tiles::Bc, Tiles::bytes,
-                       "Br=%d Bc=%d stages=%d, %d consumer warpgroups, %s, %s, %s%s, L2 sections of %d heads",
-                       Tiles::Br, Tiles::Bc, Tiles::STAGES, Tiles::NWARPGROUPS, Tiles::PINGPONG ? "ping-pong" : "no turns",
-                       schedule, grid, Tiles::EARLY_Q ? ", early Q_i" : "", section);
-}
-
-int tiles_for(const struct attn_args *a, int backward, size_t limit, struct tile_config *c)
-{
-    (void)backward; /* a forward only */
-    struct choices ch;
-    if (int rc = run_choices(&ch, c->text, sizeof c->text)) return rc;
-    switch (a->sh.d) {
-    case 64: return tiles_of<64>(&ch, &a->sh, limit, c);
-    case 128: return tiles_of<128>(&ch, &a->sh, limit, c);
-    case 256: return tiles_of<256>(&ch, &a->sh, limit, c);
-    }
-    snprintf(c->text, sizeof c->text, "supports head dim 64, 128 or 256 (got d=%d)", a->sh.d);
     return ATTN_UNSUPPORTED;
 }
 
@@ -929,16 +583,15 @@ int tiles_for(const struct attn_args *a, int backward, size_t limit, struct tile
 
 extern "C" const struct stage stage13_desc = {
     .name = "stage13",
-    .idea = "Hopper: the consumer warpgroups take turns at the tensor cores (ping-pong), a persistent grid",
+    .idea = "Hopper: the consumer warpgroups take turns at the tensor cores, the softmax under P V",
     .device = ON_GPU,
-    .forward = forward,
+    .forward = forward<>,
     .backward = NULL,
     .dims = {64, 128, 256},
     .dtypes = DT_F16 | DT_BF16,
-    .workspace_bytes = workspace_bytes,
+    .workspace_bytes = NULL,
     .openmp = 0,
     .hbm_traffic = hbm_bytes,
     .measures_backward = 0,
     .arch_sm = 90,
-    .tiles = tiles_for,
 };

@@ -1,50 +1,29 @@
-/* 13_pingpong.cu: FlashAttention-3's scheduling on Hopper: the two consumer warpgroups take
- *   turns at the tensor cores (ping-pong), and a persistent grid
+/* 14_persistent.cu: FlashAttention-3's schedule on Hopper: a persistent grid of one block per SM,
+ *   work items heaviest first, by sections of heads whose K and V fit the L2
  *
- * Changed from stage 12: the producer, the ring, the math and the turned loop are stage 12's; three
- *   things are new.
- *   - Turns (ping-pong). A consumer warpgroup issues its wgmma (O_i += P_ij V_j together with
- *     S_{i,j+1} = Q_i K_{j+1}^T) only in its turn, and hands the turn to the other warpgroup as soon
- *     as they are issued: two named barriers, one per warpgroup, each waited on with bar.sync by
- *     its warpgroup (128 threads) and completed by the other's bar.arrive (128 more). So the
- *     warpgroups alternate, and one's softmax (exp2 on the MUFU units) runs while the other's wgmma
- *     keep the tensor cores busy. In stage 12 nothing kept them apart: they could drift into step,
- *     both softmaxes at once and the tensor cores idle. d = 256 keeps stage 12's schedule (config).
- *   - A persistent grid: one block per SM, each looping over work items (a Q tile of one head)
- *     heaviest first, taking the next from a counter in global memory when it is free; the
- *     producer copies the next item's first K/V tiles while the consumers finish the last one. STAGE13_PERSISTENT=0 in the environment runs stage 12's
- *     grid instead (a block per item), =1 (the default) the persistent one; both are checked
- *     (STAGE13_BLOCKS=n: a persistent grid of n blocks, for the tests). The items go by sections
- *     of heads whose K and V fit half the L2 cache, so that the blocks running at once read the
- *     same K/V tiles and find them there, not in HBM (STAGE13_SECTION=n: sections of n heads; n at
- *     least B * H gives one section, the order before sections).
- *   - Within a warpgroup, the softmax under its own P V (FlashAttention-3's intra-warpgroup
- *     overlap), the default: S_{i,j+1} = Q_i K_{j+1}^T is issued first and O_i += P_ij V_j second,
- *     the wait is for S alone, and the softmax of S_{i,j+1} runs while the tensor cores still do
- *     P_ij V_j; O_i's rescale and P_{i,j+1}'s packing wait for P V. STAGE13_OVERLAP=0 in the
- *     environment runs the turned loop instead (P V, then S, one wait for both, then the softmax),
- *     to time against. Both are compiled (the kernel's OVERLAP); d = 256, not turned, has one
- *     schedule. The summary names the one run.
- *   - At d = 64 three consumer warpgroups take turns round robin on a Q tile of 192 rows, as
- *     FlashAttention-3 does at d = 64: a warpgroup's softmax then hides under two other
- *     warpgroups' matmuls, not one (cfg<64>::NWARPGROUPS; d = 128 and 256 keep two).
- *   - At d = 64, Q_i is freed for the next work item's as soon as the item's last S = Q K^T is
- *     done, and O goes from the registers straight to global memory: the next Q_i's copy runs
- *     under the item's end, not before the next item's start (cfg<64>::EARLY_Q; at d = 128 and
- *     256 it measured 0.89-1.00x, and O is staged through Q_i as before).
- * Why: per K/V tile the exponentials are half the tensor cores' time at d = 128 and as much at
- *   d = 64 (989 TFLOP/s of fp16 matmul against 3.9 T exp2/s on an H100 or H200: 4096 FLOPs against
- *   16 exp2 per clock and SM). Overlapped they cost nothing; one after the other, they stretch
- *   every tile by half (d = 128) or double it (d = 64).
+ * Changed from stage 13: the block and its loop are stage 13's (the producer and its ring, the
+ *   consumer warpgroups taking turns, the softmax under P V). What is new is which block computes
+ *   which (Q tile, head), and when:
+ *   - A persistent grid: one block per SM, each looping over work items (a Q tile of one head),
+ *     taking the next from a counter in global memory when its producer is free (take_item). The
+ *     item's number reaches the consumers with its Q_i (item_slot, through Q_full), and the ring of
+ *     K/V stages runs on from one item to the next: the producer copies the next item's first
+ *     tiles while the consumers finish the last one.
+ *   - The order of the items (work_of): heaviest first (with a causal mask, the last Q tiles), by
+ *     sections of heads whose K and V fit half the L2 (section_heads), so that the blocks running
+ *     at once read the same K/V tiles and find them in the L2, not in HBM.
+ *   - At d = 64, Q_i is released at the item's last S = Q K^T, and O goes from the registers
+ *     straight to global memory: the next item's Q_i is copied under this one's end (EARLY_Q).
+ * Why: stage 13's grid launches a block per item; at N = 1024 the 132 blocks running at once are
+ *   132 different heads, each head's K and V read from HBM again by each of its Q tiles, rounds
+ *   apart (1 GB of K/V reads for 0.27 GB of Q, K, V and O at d = 128). With a causal mask the
+ *   items are uneven, and a fixed share per block leaves some blocks every heavy item. A block that
+ *   stays resident also skips a launch and a prologue per item.
  * Hopper only: compiled for sm_90a (the Makefile's HOPPER_STAGES); elsewhere it exits 3.
- * Measured on an H200 (notes/13_pingpong.md): the turned schedule 1.00x stage 12 over the benchmark
- *   grid (0.94-0.99x at d = 64, up to 1.08x at d = 128); the overlap +4 to +6% over it at d = 128
- *   (N = 4096, 16384), within 1% at d = 64; the L2 sections 1.23x at d = 128, N = 1024; the work
- *   items from a counter 1.68x at d = 256, N = 16384 causal. The benchmark run of 143b594: 0.99x
- *   cuDNN, 1.68x FlashAttention-2 over the grid (geometric means).
- * Run: ./stage13 --batch 1 --heads 16 --seqlen 16384 --dim 128 --causal
- *      STAGE13_PERSISTENT=0 ./stage13 --batch 1 --heads 16 --seqlen 16384 --dim 128 --causal
- *      STAGE13_OVERLAP=0 ./stage13 --batch 1 --heads 16 --seqlen 16384 --dim 128 --causal
+ * Ablations (bench/ablations/14_*.cu, timed by bench/ablate.sh): one section of every head (the
+ *   order without sections); O staged through Q_i at d = 64. Measured on an H200:
+ *   notes/14_persistent.md.
+ * Run: ./stage14 --batch 1 --heads 16 --seqlen 16384 --dim 128 --causal
  */
 #include "common/attn.h"
 #include "common/cuda/counters.cuh"
@@ -67,85 +46,59 @@ namespace {
 
 /* ---- configuration ---- */
 
-/* Two consumer warpgroups per block, as in stage 11: a Q tile of Br = 128 rows, 64 per warpgroup
- * (the M of one wgmma), both reading the same K_j, V_j. Per thread a consumer warpgroup's
- * accumulators hold Bc / 2 fp32 of S_ij and HeadDim / 2 of O_i, and P_ij takes Bc / 4 registers
- * (16-bit pairs) that the tensor cores read until the wait: all three live at once.
- * Bc is 128 at d = 64 (stage 11 takes 64 there, which its cp.async buffers needed; here Bc = 64
- * measured 0.84-0.88x of 128, below), 128 at d = 128, 64 at d = 256 (O_i alone is 128 registers).
- * d = 64 has three consumer warpgroups, Br = 192, as FlashAttention-3 does at d = 64 (below: the
- * turns go round the three, and the registers).
- *
- * Then one more warpgroup, the producer (numbered after the consumers, so that the consumers'
- * thread, warp and warpgroup numbers are stage 11's). One of its threads issues every copy; the
- * copies need no registers for their data, so the warpgroup gives its registers away. At launch
- * __launch_bounds__(NTHREADS, 1) gives every thread 65536 / NTHREADS registers (rounded down to a
- * multiple of 8); then the producer keeps 24 (setmaxnreg.dec) and the consumers take what that
- * frees, as much as divides evenly among them (setmaxnreg.inc; tiles::CONSUMER_REGS):
- *   2 consumer warpgroups, 384 threads: 168 at launch, 168 x 384 = 64512
- *     producer 24 x 128 = 3072, consumers 240 x 256 = 61440: 64512, all of it
- *   3 consumer warpgroups, 512 threads: 128 at launch, 128 x 512 = 65536
- *     producer 24 x 128 = 3072, consumers 160 x 384 = 61440: 64512 (162 would be the even share;
- *     setmaxnreg takes multiples of 8)
- * Without setmaxnreg every thread would keep 168 (or 128), under the ~200 stage 11's consumers use
- * at d = 128 (-Xptxas -v). At d = 64 a consumer's peak is O 32 + S 64 + P 32 = 128 registers of
- * data, which 160 holds with room for the addresses and counters; d = 128 (O 64: 160 of data)
- * would not fit, so three warpgroups are a d = 64 option only.
- *
- * K_j and V_j stream through a ring of STAGES stages, each a K_j and a V_j buffer. TURNED, as in
- * stage 11: O_i += P_ij V_j is left running while the consumer waits for tile j+1 and issues
- * S = Q K_{j+1}^T, so a consumer holds two stages (V_j still being read, and tile j+1) and frees
- * tile j's only at the wait for S_{i,j+1}; the copy engine fills the other STAGES - 2. One block
- * per SM (the registers), so shared memory beside Q_i is spent on the ring:
- *   d = 64:  Bc = 128, 4 stages: 16 + 4 x 32 = 144 KiB (stage 12's choice: Bc = 64 with 8 stages
- *            measured 0.84-0.88x of it there); with three warpgroups Q_i is 192 x 64: 24 + 128 =
- *            152 KiB, the same ring.
- *   d = 128: Bc = 128, 3 stages: 32 + 3 x 64 = 224 KiB, as many as fit.
- *   d = 256: Bc = 64, 2 stages: 64 + 2 x 64 = 192 KiB (three do not fit); not turned, so that
- *            tile j's stage is freed as soon as P_ij V_j is done and tile j+2 has the whole of tile
- *            j+1's work to land in (turned, only its softmax).
- * The mbarriers add 16 bytes per stage and 16 for Q_i (full, and empty for the next work item).
- * (Stage 12's compile-time choices are fixed here at its defaults.)
- *
- * PINGPONG: the consumer warpgroups take turns at issuing their wgmma (the kernel's "turns"),
- * round robin: warpgroup 0, 1, (2,) 0, ... At d = 64 and 128, where the exponentials weigh as much
- * as or half as much as the matmuls. Not at d = 256: there the loop is not turned, so a turn would
- * have to hold the wait for P_ij V_j and keep the other warpgroup out for a whole matmul; and the
- * softmax is a quarter of the matmuls' time, which the two warpgroups' drift already hides
- * (FlashAttention-3 leaves its scheduler barrier out at d = 256 too). The registers are not the
- * reason: the turns cost a few.
- *
- * NWARPGROUPS, the consumer warpgroups: 2, or 3 at d = 64. With three, a warpgroup waits for two
- * others' turns between its own: a softmax has two turns of matmuls to hide under instead of one,
- * which is what d = 64 needs (its softmax as long as its matmuls).
+/* Stage 12's block: consumer warpgroups of 64 Q rows each (the M of one wgmma), all reading the same
+ * K_j, V_j from a ring of STAGES shared-memory stages that a producer warpgroup fills by TMA; the
+ * producer keeps 24 registers (setmaxnreg.dec) and the consumers share what that frees
+ * (setmaxnreg.inc; tiles::CONSUMER_REGS):
+ *   2 consumer warpgroups, 384 threads: 168 at launch; producer 24 x 128, consumers 240 x 256
+ *   3 consumer warpgroups, 512 threads: 128 at launch; producer 24 x 128, consumers 160 x 384
+ * The turns need TURNED, as in stage 11: O_i += P_ij V_j is left running while the consumer waits
+ * for tile j+1 and issues S = Q K_{j+1}^T, so a turn issues both, and a consumer holds two stages
+ * (V_j still being read, and tile j+1); the copy engine fills the other STAGES - 2. Per head dim:
+ *   d = 64:  three consumer warpgroups (Br = 192), Bc = 128, 4 stages: 24 + 4 x 32 = 152 KiB. A
+ *            warpgroup's softmax, as long as its matmuls here, hides under two other warpgroups'
+ *            turns, not one. Its data, O 32 + S 64 + P 32 registers, fits 160.
+ *   d = 128: two consumer warpgroups (Br = 128), Bc = 128, 3 stages: 32 + 3 x 64 = 224 KiB, turned.
+ *            (Stage 12 runs three warpgroups and two stages here; three do not fit the 160
+ *            registers of three warpgroups with the overlap's live P_ij, O 64 + S 64 + P 32.)
+ *   d = 256: two, Bc = 64, 2 stages: 64 + 2 x 64 = 192 KiB; not turned and no turns, stage 12's
+ *            loop: a turn would hold the wait for P_ij V_j and keep the other warpgroup out for a
+ *            whole matmul, and the softmax is a quarter of the matmuls' time, which the
+ *            warpgroups' drift already hides (FlashAttention-3 leaves its turns out at d = 256 too).
+ * PINGPONG: the turns; OVERLAP: the softmax under P V (both need TURNED). The mbarriers add 16
+ * bytes per stage and 16 for Q_i (full, and empty for the next work item).
  *
  * EARLY_Q (d = 64): each consumer warp frees Q_i for the next work item's as soon as the item's
  * last S = Q K^T has completed, not after the epilogue, so that the copy of the next Q_i runs under
  * the item's last P V, softmax and epilogue instead of before the next item's first S. The epilogue
- * then cannot stage O through Q_i: it stores O from the accumulators straight to global memory (the
- * kernel's epilogue says why not through another buffer). Measured (notes/13, "The two d = 64
- * changes, measured"): +2 to +18% at d = 64; 0.89 to 1.00x at d = 128 and 256, which
- * keep O staged through Q_i (why it loses there is not yet measured). */
+ * then cannot stage O through Q_i: it stores O from the accumulators straight to global memory.
+ * At d = 128 and 256 O keeps its staging through Q_i and its 16-byte stores (EARLY_Q measured
+ * 0.89-1.00x there: notes/14_persistent.md). */
 constexpr int WARPGROUP = 4 * WARP_SIZE; /* threads that issue one wgmma together */
 constexpr int PRODUCER_REGS = 24; /* setmaxnreg, per producer thread (above); the consumers': tiles */
 constexpr size_t SMEM_MAX = 227 * 1024; /* the shared memory a block may have on an H100 or H200 */
-template <int HeadDim>
+template <int D>
 struct cfg;
 template <>
 struct cfg<64> { /* O 32 + S 64 + P 32 */
-    static constexpr int NWARPGROUPS = 3, Bc = 128, STAGES = 4, TURNED = 1, PINGPONG = 1, EARLY_Q = 1;
+    static constexpr int HeadDim = 64, NWARPGROUPS = 3, Bc = 128, STAGES = 4, TURNED = 1, PINGPONG = 1, OVERLAP = 1, EARLY_Q = 1;
 };
 template <>
-struct cfg<128> { static constexpr int NWARPGROUPS = 2, Bc = 128, STAGES = 3, TURNED = 1, PINGPONG = 1, EARLY_Q = 0; };  /* O 64 + S 64 + P 32 */
+struct cfg<128> { /* O 64 + S 64 + P 32 */
+    static constexpr int HeadDim = 128, NWARPGROUPS = 2, Bc = 128, STAGES = 3, TURNED = 1, PINGPONG = 1, OVERLAP = 1, EARLY_Q = 0;
+};
 template <>
-struct cfg<256> { static constexpr int NWARPGROUPS = 2, Bc = 64, STAGES = 2, TURNED = 0, PINGPONG = 0, EARLY_Q = 0; }; /* O 128 + S 32 + P 16 */
+struct cfg<256> { /* O 128 + S 32 + P 16 */
+    static constexpr int HeadDim = 256, NWARPGROUPS = 2, Bc = 64, STAGES = 2, TURNED = 0, PINGPONG = 0, OVERLAP = 0, EARLY_Q = 0;
+};
 
-/* Everything derived from the configuration: tile sizes and the shared-memory layout. */
-template <int HeadDim>
+/* Everything derived from a configuration C (cfg<d>, or an ablation's): tile sizes and the
+ * shared-memory layout. */
+template <class C>
 struct tiles {
-    typedef cfg<HeadDim> C;
-    static constexpr int Bc = C::Bc, STAGES = C::STAGES;
-    static constexpr bool TURNED = C::TURNED != 0, PINGPONG = C::PINGPONG != 0, EARLY_Q = C::EARLY_Q != 0;
+    static constexpr int HeadDim = C::HeadDim, Bc = C::Bc, STAGES = C::STAGES;
+    static constexpr bool TURNED = C::TURNED != 0, PINGPONG = C::PINGPONG != 0, OVERLAP = C::OVERLAP != 0;
+    static constexpr bool EARLY_Q = C::EARLY_Q != 0;
     static constexpr int NWARPGROUPS = C::NWARPGROUPS; /* consumer warpgroups */
     static constexpr int NWARPS = 4 * NWARPGROUPS;     /* consumer warps */
     /* the wgmma accumulators give each warp 16 rows of its warpgroup's 64: one m16 row tile */
@@ -183,6 +136,7 @@ struct tiles {
     static_assert(Br <= 256 && Bc <= 256, "a TMA box has at most 256 rows");
     static_assert(STAGES >= 2, "a ring: the copy engine fills one stage while the consumers read another");
     static_assert(!PINGPONG || TURNED, "a turn issues P_ij V_j and S_{i,j+1} together and waits for neither");
+    static_assert(!OVERLAP || TURNED, "the overlap leaves P_ij V_j running past the next S: a turned loop");
     static_assert(bytes <= SMEM_MAX, "Q_i and the ring fit the shared memory of one block");
     static_assert(PRODUCER_REGS * WARPGROUP + CONSUMER_REGS * NWARPS * WARP_SIZE <= LAUNCH_REGS * NTHREADS,
                   "the consumers take no more registers than the producer gives back");
@@ -192,21 +146,21 @@ struct tiles {
 
 /* ---- kernel ---- */
 
-/* OVERLAP: the schedule of the turned loop, softmax under P V (1) or after it (0); see the loop.
- * COUNT: the counting build for --counters (common/cuda/counters.cuh); the timed build has none. */
-template <typename T, int HeadDim, bool OVERLAP, bool COUNT>
-__global__ void __launch_bounds__(tiles<HeadDim>::NTHREADS, 1)
-stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_constant__ CUtensorMap tmap_K,
+/* C: the configuration (cfg<d>, or an ablation's). COUNT: the counting build for --counters
+ * (common/cuda/counters.cuh); the timed build has none. */
+template <typename T, class C, bool COUNT>
+__global__ void __launch_bounds__(tiles<C>::NTHREADS, 1)
+stage14_persistent_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_constant__ CUtensorMap tmap_K,
                         const __grid_constant__ CUtensorMap tmap_V, T *__restrict__ O_all, float *__restrict__ L_all,
                         int N, int BH, int section, int causal, float scale_log2, unsigned *__restrict__ next_item,
                         unsigned long long *counters)
 {
-    typedef tiles<HeadDim> Tiles;
+    typedef tiles<C> Tiles;
     typedef mma16<T> M;
     constexpr int M_TILES = Tiles::M_TILES, Br = Tiles::Br, Bc = Tiles::Bc, STAGES = Tiles::STAGES;
-    constexpr bool TURNED = Tiles::TURNED, PINGPONG = Tiles::PINGPONG, EARLY_Q = Tiles::EARLY_Q;
+    constexpr int HeadDim = Tiles::HeadDim;
+    constexpr bool TURNED = Tiles::TURNED, PINGPONG = Tiles::PINGPONG, OVERLAP = Tiles::OVERLAP, EARLY_Q = Tiles::EARLY_Q;
     constexpr int NWARPGROUPS = Tiles::NWARPGROUPS, NWARPS = Tiles::NWARPS, TURN_BAR = Tiles::TURN_BAR;
-    static_assert(!OVERLAP || TURNED, "the overlap leaves P_ij V_j running past the next S: a turned loop");
     constexpr int KT = Bc / 8;      /* key tiles: n8 tiles of S_ij */
     constexpr int DT = HeadDim / 8; /* dim tiles: n8 column tiles of O_i */
     extern __shared__ __align__(SW128_ATOM_BYTES) unsigned char smem[];
@@ -243,19 +197,17 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
      * rank across all B * H heads, 132 items at once are 132 heads at N = 1024, each head's K/V read
      * from HBM again by each of its Q tiles, rounds apart, long evicted from the L2 (at d = 128 that
      * is 1 GB of K/V reads for 0.27 GB of Q, K, V and O). The host picks `section` so that a
-     * section's K and V fit half the L2 ("The L2 and the order of the items" in note 13): its
-     * items' K/V tiles are read from HBM about once, then from the L2. A section of every head is
-     * the order before sections.
+     * section's K and V fit half the L2 (section_heads; notes/14_persistent.md): its items'
+     * K/V tiles are read from HBM about once, then from the L2. (A section of every head is the
+     * order without sections, which bench/ablations/14_one_section.cu builds.)
      * A block takes items one at a time: first item blockIdx.x (blocks start in that order), then
      * whichever is next when its producer asks, from a counter in global memory (take_item), so a
      * block that had light items takes more of them. Under a causal mask the items of a section
      * go from heavy to light and the next section starts heavy again: a fixed share per block (a
-     * snake, as this stage had before it had sections) left some blocks every heavy item where a
-     * section is shorter than a few rounds of the grid (d = 256 at N = 16k: one head a section,
-     * 128 items for 132 blocks, 0.60x). Taking the next item when free is within one item of
-     * even whatever the order (list scheduling), and the last items are the lightest. The plain
-     * grid has a block per item and asks once, to be told there is no more. -1: past the last
-     * item.
+     * snake order) leaves some blocks every heavy item where a section is shorter than a few
+     * rounds of the grid (d = 256 at N = 16k: one head a section, 128 items for 132 blocks).
+     * Taking the next item when free is within one item of even whatever the order (list
+     * scheduling), and the last items are the lightest. -1: past the last item.
      * The counter goes round once per call: each of the `items` items past the first gridDim.x is
      * handed out once and each block asks once more to hear there is none, `items` asks in all,
      * and atomicInc(p, items - 1) stores 0 on the last: zero for the next call (the harness zeroes
@@ -275,12 +227,10 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
      * The slot is free again when Q_i's buffer is: the producer writes it after the phase of
      * Q_empty, on which the lane that read it arrives after its read. After the last item the
      * number is -1, alone in a phase of Q_full (an arrival, no bytes). Both sides use atomics
-     * for the slot, one per item and warp: the mbarrier orders them, but the race checker does
-     * not follow an mbarrier's order between ordinary stores and loads (note 13) and ignores
-     * atomics. (0f03245 made this a named-barrier meeting of producer and consumers, which held
-     * the producer's copies back until every warpgroup had reached the item: 3 to 8% at d = 64,
-     * and synccheck rejected it; then an st.async into the slot, which Hopper allows only
-     * between the blocks of a cluster; note 13.) */
+     * for the slot, one per item and warp: the mbarrier orders them, but compute-sanitizer's race
+     * checker does not follow an mbarrier's order between ordinary stores and loads, and it ignores
+     * atomics. (A meeting of producer and consumers at a named barrier would hold the producer's
+     * copies back until every warpgroup had reached the item.) */
     /* item w's head (the tensor maps' outermost coordinate), first query row, and K/V tiles: all of
      * them, or (causal) up to the one holding its last row */
     const int Tc = CEIL_DIV(N, Bc);
@@ -307,9 +257,8 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
 
     if (wg == NWARPGROUPS) {
         /* ---- the producer: one warp; its lane 0 issues every copy, takes the items and hands them
-         * over with Q_i, the other lanes wait with it (a warp since the hand-over went through named
-         * barriers, which count whole warps; one thread would do again now: note 13); the rest of
-         * the warpgroup leaves ---- */
+         * over with Q_i, the other lanes wait with it (take_item shares the answer by a shuffle);
+         * the rest of the warpgroup leaves ---- */
         setmaxnreg_dec<PRODUCER_REGS>(); /* the whole warpgroup, together: its registers to the pool */
         if (warp == NWARPS) {
             const bool issuer = lane == 0;
@@ -705,7 +654,7 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
 template <int HeadDim>
 double kv_rows_read(const struct shape *sh)
 {
-    typedef tiles<HeadDim> Tiles;
+    typedef tiles<cfg<HeadDim>> Tiles;
     const int N = sh->N, Tr = CEIL_DIV(N, Tiles::Br), Tc = CEIL_DIV(N, Tiles::Bc);
     double rows = 0;
     for (int i = 0; i < Tr; i++) {
@@ -730,50 +679,6 @@ void hbm_bytes(const struct shape *sh, struct hbm_traffic *t)
     t->q_reads = 1;
 }
 
-/* The run-time choices, from the environment (a bad value: ATTN_UNSUPPORTED, one line in why).
- *   STAGE13_PERSISTENT=1 (or unset): a persistent grid, a block per SM each looping over its work
- *     items (one block per item where there are fewer); =0: a block per item, stage 12's grid.
- *   STAGE13_BLOCKS=n: the persistent grid gets n blocks instead of one per SM: the tests take 1 and
- *     3, so that a block runs many items one after another on small problems.
- *   STAGE13_OVERLAP=1 (or unset): FlashAttention-3's intra-warpgroup overlap, softmax under P V;
- *     =0: the turned loop, softmax after P V. d = 256, not turned, runs its one schedule under
- *     both.
- *   STAGE13_SECTION=n: the work items by sections of n heads (the kernel's work order) instead of
- *     the rule's (section_heads); n of B * H or more: one section, the order before sections. */
-struct choices {
-    int persistent;  /* 0: the plain grid */
-    long long blocks; /* the persistent grid's blocks; 0: one per SM */
-    int overlap;
-    long long section; /* heads per section; 0: the rule's */
-};
-int run_choices(struct choices *c, char *why, size_t n)
-{
-    const char *p = getenv("STAGE13_PERSISTENT"), *b = getenv("STAGE13_BLOCKS"), *o = getenv("STAGE13_OVERLAP");
-    const char *sec = getenv("STAGE13_SECTION");
-    if (p && *p && strcmp(p, "0") && strcmp(p, "1")) {
-        snprintf(why, n, "STAGE13_PERSISTENT=%s: expected 0 (a block per Q tile and head) or 1 (a block per SM, "
-                 "the default)", p);
-        return ATTN_UNSUPPORTED;
-    }
-    if (o && *o && strcmp(o, "0") && strcmp(o, "1")) {
-        snprintf(why, n, "STAGE13_OVERLAP=%s: expected 0 (softmax after P V) or 1 (softmax under P V, the default)", o);
-        return ATTN_UNSUPPORTED;
-    }
-    char *end = NULL;
-    const long long want = b && *b ? strtoll(b, &end, 10) : 0;
-    if (b && *b && (*end || want < 1 || want > 2147483647LL)) {
-        snprintf(why, n, "STAGE13_BLOCKS=%s: expected the persistent grid's blocks, 1 to 2^31 - 1", b);
-        return ATTN_UNSUPPORTED;
-    }
-    const long long heads = sec && *sec ? strtoll(sec, &end, 10) : 0;
-    if (sec && *sec && (*end || heads < 1 || heads > 2147483647LL)) {
-        snprintf(why, n, "STAGE13_SECTION=%s: expected the heads of a section of the work, 1 to 2^31 - 1", sec);
-        return ATTN_UNSUPPORTED;
-    }
-    *c = choices{!(p && !strcmp(p, "0")), want, !(o && !strcmp(o, "0")), heads};
-    return 0;
-}
-
 /* The device's SMs and L2 bytes, asked once per run. Returns 0, or ATTN_CUDA_ERROR (no device). */
 struct device_facts {
     int sms, l2_bytes;
@@ -793,13 +698,14 @@ int device_facts_of(struct device_facts *f, char *why, size_t n)
 
 /* The heads per section of the work order (the kernel's work_of): as many heads as have their K
  * and V, 2 * N * d 16-bit elements each, in half of `l2_bytes` (the other half for the Q tiles, O
- * and what else passes through), at least 1, at most every head; STAGE13_SECTION overrides it.
- * l2_bytes 0 (no device to ask: a summary on a machine without one): one section of every head. */
-int section_heads(const struct choices *c, const struct shape *sh, int l2_bytes)
+ * and what else passes through), at least 1, at most every head. L2_SECTIONS false (an ablation),
+ * or l2_bytes 0 (no device to ask: a summary on a machine without one): one section of every head. */
+template <bool L2_SECTIONS>
+int section_heads(const struct shape *sh, int l2_bytes)
 {
     const long long bh = (long long)sh->B * sh->H, kv_head = 2LL * sh->N * sh->d * 2;
-    const long long rule = l2_bytes ? std::max(1LL, l2_bytes / 2 / kv_head) : bh;
-    return (int)std::min(bh, c->section ? c->section : rule);
+    const long long rule = L2_SECTIONS && l2_bytes ? std::max(1LL, l2_bytes / 2 / kv_head) : bh;
+    return (int)std::min(bh, rule);
 }
 
 /* The workspace: the counter the blocks take their work items from (the kernel's take_item), zero
@@ -810,18 +716,13 @@ size_t workspace_bytes(const struct attn_args *a)
     return sizeof(unsigned);
 }
 
-/* The grid's blocks for `items` work items under the choices c, on a device of `sms` SMs. */
-long long grid_blocks(const struct choices *c, long long items, int sms)
+template <typename T, class C, bool L2_SECTIONS, bool COUNT>
+int launch(const struct attn_args *a, char *why, size_t n)
 {
-    return !c->persistent ? items : std::min(items, c->blocks ? c->blocks : (long long)sms);
-}
-
-template <typename T, int HeadDim, bool OVERLAP, bool COUNT>
-int launch(const struct attn_args *a, const struct choices *c, char *why, size_t n)
-{
-    typedef tiles<HeadDim> Tiles;
+    typedef tiles<C> Tiles;
+    constexpr int HeadDim = Tiles::HeadDim;
     const size_t smem = Tiles::bytes;
-    if (int rc = smem_optin(stage13_pingpong_kernel<T, HeadDim, OVERLAP, COUNT>, smem, HeadDim, why, n)) return rc;
+    if (int rc = smem_optin(stage14_persistent_kernel<T, C, COUNT>, smem, HeadDim, why, n)) return rc;
 
     const struct shape *sh = &a->sh;
     const long long bh = (long long)sh->B * sh->H;
@@ -836,8 +737,10 @@ int launch(const struct attn_args *a, const struct choices *c, char *why, size_t
     }
     struct device_facts dev;
     if (int rc = device_facts_of(&dev, why, n)) return rc;
-    const long long blocks = grid_blocks(c, items, dev.sms);
-    const int section = section_heads(c, sh, dev.l2_bytes);
+    /* one block per SM (fewer where there are fewer items): a block needs the whole SM (its
+     * registers and most of its shared memory), so these are all the blocks that run at once */
+    const long long blocks = std::min(items, (long long)dev.sms);
+    const int section = section_heads<L2_SECTIONS>(sh, dev.l2_bytes);
     /* The tensor maps, made on the host for this call's tensors (a few microseconds of CPU, no
      * GPU work) and passed by value: Q's boxes are Br rows, K's and V's Bc. */
     CUtensorMap tmap_Q, tmap_K, tmap_V;
@@ -847,79 +750,72 @@ int launch(const struct attn_args *a, const struct choices *c, char *why, size_t
     /* one dimension: the kernel numbers the items itself, by sections, heaviest first */
     const dim3 grid((unsigned)blocks);
     const dim3 block(Tiles::NTHREADS);
-    stage13_pingpong_kernel<T, HeadDim, OVERLAP, COUNT><<<grid, block, smem>>>(
+    stage14_persistent_kernel<T, C, COUNT><<<grid, block, smem>>>(
         tmap_Q, tmap_K, tmap_V, (T *)a->O, a->L, sh->N, (int)bh, section, sh->causal, sh->scale * LOG2E,
         (unsigned *)a->work, a->counters);
     CUDA_TRY(cudaGetLastError());
     return 0;
 }
 
-/* dtype, head dim, schedule and counting build -> the kernel's template arguments (d = 256: one
- * schedule, not turned) */
-template <typename T, bool COUNT>
+/* dtype, head dim and counting build -> the kernel's template arguments: the configurations C64,
+ * C128 and C256 (the stage's cfg<d>; an ablation passes its own) and the work order's sections */
+template <typename T, bool COUNT, class C64, class C128, class C256, bool L2_SECTIONS>
 int dispatch_d(const struct attn_args *a, char *why, size_t n)
 {
-    struct choices c;
-    if (int rc = run_choices(&c, why, n)) return rc;
     switch (a->sh.d) {
-    case 64: return c.overlap ? launch<T, 64, true, COUNT>(a, &c, why, n) : launch<T, 64, false, COUNT>(a, &c, why, n);
-    case 128: return c.overlap ? launch<T, 128, true, COUNT>(a, &c, why, n) : launch<T, 128, false, COUNT>(a, &c, why, n);
-    case 256: return launch<T, 256, false, COUNT>(a, &c, why, n);
+    case 64: return launch<T, C64, L2_SECTIONS, COUNT>(a, why, n);
+    case 128: return launch<T, C128, L2_SECTIONS, COUNT>(a, why, n);
+    case 256: return launch<T, C256, L2_SECTIONS, COUNT>(a, why, n);
     }
     snprintf(why, n, "supports head dim 64, 128 or 256 (got d=%d)", a->sh.d);
     return ATTN_UNSUPPORTED;
 }
 
-template <typename T>
+template <typename T, class C64, class C128, class C256, bool L2_SECTIONS>
 int dispatch(const struct attn_args *a, char *why, size_t n)
 {
-    return a->counters ? dispatch_d<T, true>(a, why, n) : dispatch_d<T, false>(a, why, n);
+    return a->counters ? dispatch_d<T, true, C64, C128, C256, L2_SECTIONS>(a, why, n)
+                       : dispatch_d<T, false, C64, C128, C256, L2_SECTIONS>(a, why, n);
 }
 
+template <class C64 = cfg<64>, class C128 = cfg<128>, class C256 = cfg<256>, bool L2_SECTIONS = true>
 int forward(const struct attn_args *a, char *why, size_t n)
 {
-    if (a->dtype == DT_F16) return dispatch<__half>(a, why, n);
-    if (a->dtype == DT_BF16) return dispatch<__nv_bfloat16>(a, why, n);
+    if (a->dtype == DT_F16) return dispatch<__half, C64, C128, C256, L2_SECTIONS>(a, why, n);
+    if (a->dtype == DT_BF16) return dispatch<__nv_bfloat16, C64, C128, C256, L2_SECTIONS>(a, why, n);
     snprintf(why, n, "supports fp16 and bf16 (got %s)", dtype_name(a->dtype));
     return ATTN_UNSUPPORTED;
 }
 
-/* What the summary names: the tiles, and the schedule and grid the environment chose. */
-template <int HeadDim>
-int tiles_of(const struct choices *ch, const struct shape *sh, size_t limit, struct tile_config *c)
+/* What the summary names: the tiles, the schedule, and the sections of heads for this shape. */
+template <class C, bool L2_SECTIONS>
+int tiles_of(const struct shape *sh, size_t limit, struct tile_config *c)
 {
-    typedef tiles<HeadDim> Tiles;
+    typedef tiles<C> Tiles;
     if (Tiles::bytes > limit) {
         snprintf(c->text, sizeof c->text, "d=%d needs %zu.%zu KiB of shared memory per block; this device allows %zu KiB%s",
-                 HeadDim, Tiles::bytes / 1024, Tiles::bytes % 1024 * 10 / 1024, limit / 1024, smem_cap_words(limit));
+                 Tiles::HeadDim, Tiles::bytes / 1024, Tiles::bytes % 1024 * 10 / 1024, limit / 1024,
+                 smem_cap_words(limit));
         return ATTN_UNSUPPORTED;
     }
-    const char *schedule = !Tiles::TURNED ? "not turned (STAGE13_OVERLAP not used at this d)"
-                           : ch->overlap  ? "overlap: softmax under P V (STAGE13_OVERLAP=1)"
-                                          : "turned: softmax after P V (STAGE13_OVERLAP=0)";
-    char grid[48];
-    if (!ch->persistent) snprintf(grid, sizeof grid, "plain grid");
-    else if (ch->blocks) snprintf(grid, sizeof grid, "persistent grid of %lld blocks", ch->blocks);
-    else snprintf(grid, sizeof grid, "persistent grid");
     char unused[160];
     struct device_facts dev = {0, 0};
     if (device_facts_of(&dev, unused, sizeof unused)) (void)cudaGetLastError(); /* no device: dev stays 0 */
-    const int section = section_heads(ch, sh, dev.l2_bytes);
     return tiles_found(c, Tiles::Br, Tiles::Bc, Tiles::bytes,
-                       "Br=%d Bc=%d stages=%d, %d consumer warpgroups, %s, %s, %s%s, L2 sections of %d heads",
-                       Tiles::Br, Tiles::Bc, Tiles::STAGES, Tiles::NWARPGROUPS, Tiles::PINGPONG ? "ping-pong" : "no turns",
-                       schedule, grid, Tiles::EARLY_Q ? ", early Q_i" : "", section);
+                       "Br=%d Bc=%d stages=%d, %d consumer warpgroups, %s, %s, persistent grid%s, L2 sections of %d heads",
+                       Tiles::Br, Tiles::Bc, Tiles::STAGES, Tiles::NWARPGROUPS, Tiles::PINGPONG ? "turns" : "no turns",
+                       Tiles::OVERLAP ? "softmax under P V" : Tiles::TURNED ? "softmax after P V" : "not turned",
+                       Tiles::EARLY_Q ? ", early Q_i" : "", section_heads<L2_SECTIONS>(sh, dev.l2_bytes));
 }
 
+template <class C64 = cfg<64>, class C128 = cfg<128>, class C256 = cfg<256>, bool L2_SECTIONS = true>
 int tiles_for(const struct attn_args *a, int backward, size_t limit, struct tile_config *c)
 {
     (void)backward; /* a forward only */
-    struct choices ch;
-    if (int rc = run_choices(&ch, c->text, sizeof c->text)) return rc;
     switch (a->sh.d) {
-    case 64: return tiles_of<64>(&ch, &a->sh, limit, c);
-    case 128: return tiles_of<128>(&ch, &a->sh, limit, c);
-    case 256: return tiles_of<256>(&ch, &a->sh, limit, c);
+    case 64: return tiles_of<C64, L2_SECTIONS>(&a->sh, limit, c);
+    case 128: return tiles_of<C128, L2_SECTIONS>(&a->sh, limit, c);
+    case 256: return tiles_of<C256, L2_SECTIONS>(&a->sh, limit, c);
     }
     snprintf(c->text, sizeof c->text, "supports head dim 64, 128 or 256 (got d=%d)", a->sh.d);
     return ATTN_UNSUPPORTED;
@@ -927,11 +823,11 @@ int tiles_for(const struct attn_args *a, int backward, size_t limit, struct tile
 
 } // namespace
 
-extern "C" const struct stage stage13_desc = {
-    .name = "stage13",
-    .idea = "Hopper: the consumer warpgroups take turns at the tensor cores (ping-pong), a persistent grid",
+extern "C" const struct stage stage14_desc = {
+    .name = "stage14",
+    .idea = "Hopper: a persistent grid, work items heaviest first by L2-sized sections of heads",
     .device = ON_GPU,
-    .forward = forward,
+    .forward = forward<>,
     .backward = NULL,
     .dims = {64, 128, 256},
     .dtypes = DT_F16 | DT_BF16,
@@ -940,5 +836,5 @@ extern "C" const struct stage stage13_desc = {
     .hbm_traffic = hbm_bytes,
     .measures_backward = 0,
     .arch_sm = 90,
-    .tiles = tiles_for,
+    .tiles = tiles_for<>,
 };

@@ -6,11 +6,9 @@
  * stages::x50         inputs scaled x50 (scores of thousands): stage 1 against the oracle,
  *                     and every stage from stage 3 on (the online softmax) against stage 1.
  * stages::one_head    B = H = 1, one long sequence with a tail, and N = 1: every stage.
- * stages::grids       a stage's run-time choices of grid, each over the grid of shapes (stage 13:
- *                     the plain grid, and persistent grids of 1 and 3 blocks, whose blocks run many
- *                     work items in a row, which one block per SM never does on the shapes above;
- *                     each with its default schedule and with STAGE13_OVERLAP=0; and the work
- *                     order by sections of 1 and 4 heads, STAGE13_SECTION).
+ * stages::many_items  stage 14 (a persistent grid) on problems of hundreds of work items, so that
+ *                     each block runs many in a row, and of several L2 sections of heads, against
+ *                     stage 13 on the same inputs.
  * A GPU case skips with a one-line reason where there is no CUDA device, where the stage is
  * built for another architecture than the device's (the Hopper stages, sm_90a), or where the
  * device cannot run that case: bf16 on Turing's code, or no tiles of the stage fit its shared
@@ -34,17 +32,6 @@ static void test_stage_vs_reference(const struct test_case *tc)
     const struct shape *sh = &tc->sh;
     char label[200], why[256];
     test_label(tc, label, sizeof label);
-    /* NAME=value, space-separated, in this case's own process */
-    for (const char *e = tc->env; *e;) {
-        char name[64], value[48];
-        const char *eq = strchr(e, '='), *end = strchr(e, ' ');
-        if (!end) end = e + strlen(e);
-        cr_assert(eq && eq < end && eq - e < (long)sizeof name, "%s: the case's environment is not NAME=value", label);
-        snprintf(name, sizeof name, "%.*s", (int)(eq - e), e);
-        snprintf(value, sizeof value, "%.*s", (int)(end - eq - 1), eq + 1);
-        cr_assert(setenv(name, value, 1) == 0, "%s: setenv failed", label);
-        e = *end ? end + 1 : end;
-    }
     if (st->device == ON_GPU) {
         test_require_gpu_arch(st->arch_sm, st->name);
         test_require_fit(st, sh, tc->dtype, 0, 0);
@@ -174,50 +161,65 @@ ParameterizedTestParameters(stages, one_head)
 
 ParameterizedTest(struct test_case *tc, stages, one_head) { test_stage_vs_reference(tc); }
 
-/* ---- a stage's run-time grids ----
- * Stage 13 reads its grid and its schedule from the environment (stages/13_pingpong.cu,
- * run_choices): each grid over the grid's shapes in the 16-bit dtypes, with the default schedule
- * (the softmax under P V) and with the turned loop (STAGE13_OVERLAP=0; an env of several
- * NAME=value is space-separated). The persistent grid of 1 block runs every work item in one
- * block, so the ring's phases, the Q barriers and the turns carry over from item to item (up to 48
- * items here); 3 blocks take the snake order's odd rounds and a last partial round. The work
- * order's sections of heads (STAGE13_SECTION): the rule gives these small shapes one section of
- * all B * H = 6 heads, so sections of 1 and of 4 (a full one, then one of 2) are asked for. */
-static const struct { const char *stage, *env; } test_grid_envs[] = {
-    {"stage13", "STAGE13_PERSISTENT=0"},
-    {"stage13", "STAGE13_BLOCKS=1"},
-    {"stage13", "STAGE13_BLOCKS=3"},
-    {"stage13", "STAGE13_OVERLAP=0 STAGE13_PERSISTENT=0"},
-    {"stage13", "STAGE13_OVERLAP=0 STAGE13_BLOCKS=1"},
-    {"stage13", "STAGE13_OVERLAP=0 STAGE13_BLOCKS=3"},
-    {"stage13", "STAGE13_SECTION=1 STAGE13_BLOCKS=3"},
-    {"stage13", "STAGE13_SECTION=4 STAGE13_BLOCKS=1"},
-    {"stage13", "STAGE13_SECTION=4 STAGE13_PERSISTENT=0"},
-};
 static const enum dtype test_16bit[] = {DT_F16, DT_BF16};
 
-ParameterizedTestParameters(stages, grids)
+/* ---- the persistent grid on problems of many work items ----
+ * Stage 14 runs one block per SM, each looping over work items (Q tile, head) from a counter, in
+ * sections of heads whose K and V fit half the L2. On the grid's shapes above a block gets one item
+ * and every head is in one section, so these shapes give its blocks many items each (hundreds of
+ * items for the SMs of any GPU that runs it), and, at d = 256 and N = 1000, several sections (a
+ * head's K and V are 1 MB: 2 * 1000 * 256 * 2 bytes, against half of an H100's or H200's 50 MiB).
+ * The CPU reference would take minutes at these sizes, so the answer is stage 13's on the same
+ * inputs: the same attention, with the same tiles, on a grid of one block per item (stage 13 is
+ * checked against stage 1 on the grid above). The tolerance is both stages' rule for the dtype. */
+static const struct { int B, H, N; } test_many_items_shapes[] = {{4, 100, 17}, {2, 150, 300}, {1, 70, 1000}};
+
+ParameterizedTestParameters(stages, many_items)
 {
-    size_t max = TEST_COUNT(test_grid_envs) * TEST_COUNT(test_16bit) * TEST_COUNT(test_grid_N) *
-                 TEST_COUNT(test_grid_d) * 2;
+    size_t max = TEST_COUNT(test_many_items_shapes) * TEST_COUNT(test_16bit) * TEST_COUNT(test_grid_d) * 2;
     struct test_case *p = cr_malloc(max * sizeof *p);
     size_t count = 0;
     char why[256];
-    for (int s = 0; s < n_all_stages; s++)
-        for (size_t e = 0; e < TEST_COUNT(test_grid_envs); e++) {
-            if (strcmp(all_stages[s]->name, test_grid_envs[e].stage) || !test_stage_selected(all_stages[s])) continue;
+    for (int s = 0; s < n_all_stages; s++) {
+        if (strcmp(all_stages[s]->name, "stage14") || !test_stage_selected(all_stages[s])) continue;
+        for (size_t k = 0; k < TEST_COUNT(test_many_items_shapes); k++)
             for (size_t t = 0; t < TEST_COUNT(test_16bit); t++)
                 for (size_t dj = 0; dj < TEST_COUNT(test_grid_d); dj++)
-                    for (size_t nj = 0; nj < TEST_COUNT(test_grid_N); nj++)
-                        for (int causal = 0; causal < 2; causal++) {
-                            int N = test_grid_N[nj], d = test_grid_d[dj];
-                            struct shape sh = test_shape(TEST_GRID_B, TEST_GRID_H, N, d, causal);
-                            if (!stage_supports(all_stages[s], &sh, test_16bit[t], why, sizeof why)) continue;
-                            p[count] = (struct test_case){.stage = s, .sh = sh, .dtype = test_16bit[t], .amplitude = 1};
-                            snprintf(p[count++].env, sizeof p->env, "%s", test_grid_envs[e].env);
-                        }
-        }
+                    for (int causal = 0; causal < 2; causal++) {
+                        struct shape sh = test_shape(test_many_items_shapes[k].B, test_many_items_shapes[k].H,
+                                                     test_many_items_shapes[k].N, test_grid_d[dj], causal);
+                        if (!stage_supports(all_stages[s], &sh, test_16bit[t], why, sizeof why)) continue;
+                        p[count++] = (struct test_case){.stage = s, .sh = sh, .dtype = test_16bit[t], .amplitude = 1};
+                    }
+    }
     return cr_make_param_array(struct test_case, p, count, test_free_params);
 }
 
-ParameterizedTest(struct test_case *tc, stages, grids) { test_stage_vs_reference(tc); }
+ParameterizedTest(struct test_case *tc, stages, many_items)
+{
+    const struct stage *st = all_stages[tc->stage], *ref = test_find_stage("stage13");
+    const struct shape *sh = &tc->sh;
+    char label[200], why[256];
+    test_label(tc, label, sizeof label);
+    test_require_gpu_arch(st->arch_sm, st->name);
+    test_require_fit(st, sh, tc->dtype, 0, 0);
+    test_require_fit(ref, sh, tc->dtype, 0, 0);
+
+    size_t n = shape_elems(sh), rows = shape_rows(sh);
+    float *Q = test_floats(n), *K = test_floats(n), *V = test_floats(n);
+    float *O = test_floats(n), *L = test_floats(rows), *O13 = test_floats(n), *L13 = test_floats(rows);
+    make_inputs(sh, test_seed(sh), tc->amplitude, tc->dtype, Q, K, V);
+    double qmax = max_abs(Q, n), kmax = max_abs(K, n), vmax = max_abs(V, n);
+    double tolO = 2 * tol_output(sh, tc->dtype, qmax, kmax, vmax), tolL = 2 * tol_lse(sh, tc->dtype, qmax, kmax);
+    int rc = run_forward_host(ref, sh, tc->dtype, Q, K, V, O13, L13, why, sizeof why);
+    cr_assert(rc == 0, "%s: the reference stage 13 failed (code %d): %s", label, rc, why);
+    test_poison(O, n);
+    test_poison(L, rows);
+    rc = run_forward_host(st, sh, tc->dtype, Q, K, V, O, L, why, sizeof why);
+    cr_assert(rc == 0, "%s: the stage failed on a shape it says it supports (code %d): %s", label, rc, why);
+    double *Oref = test_widen(O13, n), *Lref = test_widen(L13, rows);
+    struct cmp cO = compare(O, Oref, n, tolO), cL = compare(L, Lref, rows, tolL);
+    TEST_ASSERT_CMP(label, "O", cO, sh, 0);
+    TEST_ASSERT_CMP(label, "L", cL, sh, 1);
+    free(Q), free(K), free(V), free(O), free(L), free(O13), free(L13), free(Oref), free(Lref);
+}

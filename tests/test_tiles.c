@@ -8,7 +8,7 @@
  *                             every forward has tiles for every head dim it takes, within the
  *                             limit; so does the backward but at d = 256 below 136.5 KiB, which it
  *                             refuses with one line saying what it needs. A Hopper-only stage
- *                             (arch_sm 90: stage 13 names its tiles too) runs at 227 KiB alone.
+ *                             (arch_sm 90: stage 14 names its tiles too) runs at 227 KiB alone.
  * tiles::smaller_as_designed  stage 9 at d = 256: 99 KiB takes K/V tiles of 32 keys, 64 KiB of 16;
  *                             under its smallest tiles (16 KiB) a reason naming what those need.
  * tiles::deterministic_backward  stage 10's --deterministic dQ kernel: where it fits, and the
