@@ -7,8 +7,8 @@
 #              and tiles, `make CUDA_ARCH=75 PTX_ONLY=1 BUILD=build75`);
 #   sanitize   compute-sanitizer (memcheck, racecheck, synccheck) on the stages of (c), over the
 #              shapes `make sanitize` runs for each (the Makefile's SANITIZE_* lists).
-# (b), (c) and sanitize take the stages GPU_SUITES_STAGES lists (default 4-10,14: the stages that
-# run on any GPU the build targets; the Hopper stages 11 to 13 have one configuration per head dim
+# (b), (c) and sanitize take the stages GPU_SUITES_STAGES lists (default 4-10,15: the stages that
+# run on any GPU the build targets; the Hopper stages 11 to 14 have one configuration per head dim
 # and would fail under a cap, by design).
 #
 #   tests/gpu_suites.sh [LOGDIR] [a] [b] [c] [sanitize]     (default: all four; LOGDIR: build/gpu-suites)
@@ -40,7 +40,7 @@ for arg in "$@"; do
 done
 [ ${#suites[@]} -gt 0 ] || suites=(a b c sanitize)
 if ! mkdir -p "$logdir" || ! logdir=$(cd "$logdir" && pwd); then echo "gpu_suites.sh: cannot write $logdir" >&2; exit 2; fi
-stages=${GPU_SUITES_STAGES:-4-10,14}
+stages=${GPU_SUITES_STAGES:-4-10,15}
 # (nproc honours OMP_NUM_THREADS, which a caller may have set for the oracle: the cores, without it)
 jobs=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 
@@ -129,7 +129,7 @@ suite() {
     report "$name" $rc $((SECONDS - t0)) "$log" "$what"
 }
 
-# The stage numbers of a list such as 4-10,14, one a line.
+# The stage numbers of a list such as 4-10,15, one a line.
 stage_numbers() {
     local part
     for part in ${1//,/ }; do
