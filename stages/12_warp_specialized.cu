@@ -1,30 +1,33 @@
 /* 12_warp_specialized.cu: FlashAttention-2 forward on Hopper, its loads moved to a producer warp
  *   and the copy engine (TMA), its math on consumer warpgroups: FlashAttention-3's structure
  *
- * Changed from stage 11: the math stays (two warpgroups of 64 rows each, S_ij = Q_i K_j^T and
- *   O_i += P_ij V_j on wgmma, the online softmax between them, P_ij in registers, P_ij V_j left
- *   running into the next S = Q K^T, Bc per head dim; the grid heaviest first, causal tiles
- *   skipped); who loads, and how, is new (helpers in common/cuda/tma.cuh):
- *   - a third warpgroup, the producer: one of its threads issues every copy as a TMA bulk tensor
- *     copy, Q_i once, then K_j and V_j for j = 0, 1, ... into a ring of STAGES shared-memory stages;
- *     the copy engine writes the 128-byte swizzle wgmma reads, and zero-fills rows past N;
+ * Changed from stage 11: the math stays (S_ij = Q_i K_j^T and O_i += P_ij V_j on wgmma, each
+ *   consumer warpgroup owning 64 rows of the Q tile, the online softmax between them, P_ij in
+ *   registers; the grid heaviest first, causal tiles skipped); who loads, and how, is new (helpers
+ *   in common/cuda/tma.cuh):
+ *   - a producer warpgroup, after the consumers: one of its threads issues every copy as a TMA bulk
+ *     tensor copy, Q_i once, then K_j and V_j for j = 0, 1, ... into a ring of STAGES shared-memory
+ *     stages; the copy engine writes the 128-byte swizzle wgmma reads, and zero-fills rows past N;
  *   - each ring stage has two mbarriers: full (the producer announces the bytes, the copy engine
  *     completes the phase when they have landed) and empty (every consumer warp arrives once its
- *     wgmma have read the stage: tile j's at the wait for S_{i,j+1}, since P_ij V_j runs until
- *     then). Consumers wait on full, the producer on empty: the loop has no block barrier, and the
- *     two consumer warpgroups no longer move in lockstep;
- *   - setmaxnreg: the producer warpgroup drops to 24 registers per thread, the consumers rise to
- *     240, so that the 384 threads fit the 65536 registers with the consumers' accumulators;
+ *     wgmma have read the stage). Consumers wait on full, the producer on empty: the loop has no
+ *     block barrier, and the consumer warpgroups no longer move in lockstep;
+ *   - setmaxnreg: the producer warpgroup drops to 24 registers per thread and the consumers take
+ *     what it gives back;
+ *   - with those registers, three consumer warpgroups at d = 64 and 128 (Br = 192 rows): each K/V
+ *     tile copied, and each wait on it, serves 192 query rows instead of 128;
  *   - the tensor maps are [B*H][N][d]: a tile's rows past N are out of bounds and arrive as zeros
- *     (keys past N are still masked: a zero key scores 0, not -inf).
+ *     (keys past N are still masked: a zero key scores 0, not -inf);
+ *   - tiles and ring per head dim (configuration below): Bc = 128 at d = 64 (stage 11: 64), and
+ *     O_i += P_ij V_j left running under the next S = Q K^T at d = 64 only.
  * Why: in stage 11 every thread issues its share of cp.async between the two matmuls, waits for
  *   its own copies and meets every other warp at a block barrier, once per tile: the loads cost
  *   issue slots and registers, and the slower warpgroup holds up the faster. Here the copies cost
  *   the consumers nothing but a wait that is normally already satisfied, and one warpgroup's
- *   softmax can run while the other's wgmma keep the tensor cores busy.
+ *   softmax can run while another's wgmma keep the tensor cores busy.
  * Hopper only: compiled for sm_90a (the Makefile's HOPPER_STAGES); elsewhere it exits 3.
- * Measured on H200: notes/12_warp_specialized.md (of the version before P_ij V_j was left running;
- *   this one's prediction is there).
+ * Measured on H200: notes/12_warp_specialized.md; bench/ablations/12_two_warpgroups.cu builds this
+ *   kernel with two consumer warpgroups at every head dim, to time the third against.
  * Run: ./stage12 --batch 1 --heads 1 --seqlen 16384 --dim 128 --causal
  */
 #include "common/attn.h"
@@ -46,80 +49,67 @@ namespace {
 
 /* ---- configuration ---- */
 
-/* Two consumer warpgroups per block (three at d = 64 and 128, below), as in stage 11: a Q tile of
- * Br = 128 rows, 64 per warpgroup (the M of one wgmma), both reading the same K_j, V_j. Per thread a
- * consumer warpgroup's accumulators hold Bc / 2 fp32 of S_ij and HeadDim / 2 of O_i, and P_ij takes
- * Bc / 4 registers (16-bit pairs) that the tensor cores read until the wait: all three live at
- * once. Bc is 128 at d = 64 (stage 11 takes 64 there, which its cp.async buffers needed; here
- * Bc = 64 measured 0.84-0.88x of 128, below), 128 at d = 128, 64 at d = 256 (O_i alone is 128
- * registers).
+/* A configuration is a type with five constants (cfg<HeadDim> below is the stage's, one per head
+ * dim; the kernel and launcher take any, so that an ablation can pass its own):
+ *   HeadDim      d;
+ *   NWARPGROUPS  consumer warpgroups, 64 rows of the Q tile each (the M of one wgmma), all reading
+ *                the same K_j, V_j: Br = 64 NWARPGROUPS;
+ *   Bc           keys per K/V tile (the N of the wgmma for S_ij);
+ *   STAGES       ring stages, each a K_j and a V_j buffer;
+ *   TURNED       1: O_i += P_ij V_j is left running while the consumer waits for tile j+1 and
+ *                issues S = Q K_{j+1}^T (stage 11's loop), so a consumer holds two stages (V_j
+ *                still being read, and tile j+1) and frees tile j's only at the wait for
+ *                S_{i,j+1}: the copy engine fills STAGES - 2 ahead. 0: P_ij V_j is waited for at
+ *                once and tile j's stage freed then: STAGES - 1 ahead.
+ * Per thread a consumer warpgroup's accumulators hold Bc / 2 fp32 of S_ij and HeadDim / 2 of O_i,
+ * and P_ij takes Bc / 4 registers (16-bit pairs) that the tensor cores read until the wait: all
+ * three live at once.
  *
- * Then a third warpgroup, the producer (warpgroup 2, after the consumers, so that the consumers'
- * thread, warp and warpgroup numbers are stage 11's). One of its threads issues every copy; the
- * copies need no registers for their data, so the warpgroup gives its registers away:
- *   at launch, __launch_bounds__(384, 1): 65536 / 384 registers per thread, 168 (a multiple of 8)
- *   producer, setmaxnreg.dec:  24 x 128 threads =  3072
- *   consumers, setmaxnreg.inc: 240 x 256 threads = 61440
- *   together 64512 = 168 x 384: the consumers take exactly what the producer gave back. Without
- *   setmaxnreg every thread would keep 168, under the ~200 stage 11's consumers use (-Xptxas -v).
+ * The producer warpgroup comes after the consumers, so that the consumers' thread, warp and
+ * warpgroup numbers are stage 11's. One of its threads issues every copy; the copies need no
+ * registers for their data, so the warpgroup gives its registers away. __launch_bounds__(NTHREADS,
+ * 1) gives every thread 65536 / NTHREADS at launch (a multiple of 8); setmaxnreg.dec takes the
+ * producer to 24 and setmaxnreg.inc gives the consumers what that frees:
+ *   three consumer warpgroups, 512 threads: 128 at launch; 24 x 128 + 160 x 384 = 64512 <= 65536
+ *   two consumer warpgroups,   384 threads: 168 at launch; 24 x 128 + 240 x 256 = 64512 = 168 x 384
+ * One block per SM (the registers), so the shared memory beside Q_i goes to the ring (a block may
+ * have 227 KiB; the mbarriers add 16 bytes per stage and 8 for Q_i):
  *
- * K_j and V_j stream through a ring of STAGES stages, each a K_j and a V_j buffer. TURNED, as in
- * stage 11: O_i += P_ij V_j is left running while the consumer waits for tile j+1 and issues
- * S = Q K_{j+1}^T, so a consumer holds two stages (V_j still being read, and tile j+1) and frees
- * tile j's only at the wait for S_{i,j+1}; the copy engine fills the other STAGES - 2. One block
- * per SM (the registers), so shared memory beside Q_i is spent on the ring:
- *   d = 64:  Bc = 128, 4 stages: 16 + 4 x 32 = 144 KiB (two warpgroups), turned. (Bc = 64 with 8
- *            stages, the same bytes, measured 0.84-0.88x of this on the H200: twice the tiles, each
- *            with its waits and its softmax bookkeeping, and nothing the deeper ring bought back.)
- *   d = 128: Bc = 128, 3 stages: 32 + 3 x 64 = 224 KiB (two warpgroups), as many as fit; not
- *            turned: turned, a consumer holds two of the three stages and the copy engine has
- *            one left to fill ahead; it measured 0.96-1.03x of this, no gain for the longer story.
- *   d = 256: Bc = 64, 2 stages: 64 + 2 x 64 = 192 KiB (three do not fit); not turned, so that
- *            tile j's stage is freed as soon as P_ij V_j is done and tile j+2 has the whole of tile
- *            j+1's work to land in (turned, only its softmax; measured 0.94-0.96x of this).
- * The mbarriers add 16 bytes per stage and 8 for Q_i.
- * The alternatives (Bc = 64 at d = 64, turned at d = 128 and 256) lost and were removed: note 12
- * has the measurements; commit 2bbf406 builds them with nvcc -D.
+ *   d     consumer WGs  Br   Bc   STAGES  TURNED  consumer registers          Q_i + ring
+ *   64    3             192  128  4       1       160: O 32 + S 64 + P 32     24 + 4 x 32 = 152 KiB
+ *   128   3             192  128  2       0       160: O 64 + S 64 + P 32     48 + 2 x 64 = 176 KiB
+ *   256   2             128   64  2       0       240: O 128 + S 32 + P 16    64 + 2 x 64 = 192 KiB
  *
- * At d = 64 three consumer warpgroups, as FlashAttention-3 runs it (STAGE12_D64_WG3, default 1;
- * nvcc -DSTAGE12_D64_WG3=0 builds the two of the other head dims, to time against): Br = 192,
- * 512 threads, 128 registers each at launch, the consumers 160 after setmaxnreg (O 32 + S 64 +
- * P 32 fit), Q_i 24 KiB + the same ring, 152 KiB. Each K/V tile copied then serves 192 query
- * rows instead of 128: 1.05-1.23x the two warpgroups on the H200, but for N = 1024 causal, 0.93x
- * (note 12, "Three consumer warpgroups at d = 64"). */
-#ifndef STAGE12_D64_WG3
-#define STAGE12_D64_WG3 1
-#endif
-/* At d = 128 three consumer warpgroups as well (STAGE12_D128_WG3, default 1; nvcc
- * -DSTAGE12_D128_WG3=0 builds the two, to time against): Br = 192, the consumers 160 registers
- * each (O 64 + S 64 + P 32: ptxas spills 8 bytes), Q_i 48 KiB and a ring of two stages, 176 KiB
- * (three do not fit). Each K/V tile serves 192 query rows, as at d = 64: 1.06-1.17x the two
- * warpgroups on the H200, but for N = 1024 causal, 0.92x (note 12, "Three consumer warpgroups at
- * d = 128"). */
-#ifndef STAGE12_D128_WG3
-#define STAGE12_D128_WG3 1
-#endif
-constexpr int WARPGROUP = 4 * WARP_SIZE; /* threads that issue one wgmma together */
-constexpr int PRODUCER_REGS = 24; /* setmaxnreg, per thread (above); the consumers' share: tiles */
-constexpr size_t SMEM_MAX = 227 * 1024; /* the shared memory a block may have on an H100 or H200 */
+ * d = 64:  the third warpgroup fits in 160 registers. Bc = 128, not stage 11's 64 (which its
+ *          cp.async buffers needed): a tile of 64 keys has the same waits and softmax bookkeeping
+ *          for half the work. Turned: of the four stages the consumers hold two and the copy
+ *          engine fills two.
+ * d = 128: at 160 registers ptxas spills 8 bytes (two stores and loads per tile), and beside a Q_i
+ *          of 192 rows only two stages fit: not turned, so that the copy engine fills one stage
+ *          while the consumers read the other.
+ * d = 256: O_i alone is 128 registers: two warpgroups. Two stages (three do not fit), not turned,
+ *          so that tile j's stage is freed as soon as P_ij V_j is done and tile j+2 has the whole
+ *          of tile j+1's work to land in (turned, it would have only tile j+1's softmax).
+ * What each choice and its alternatives measured: notes/12_warp_specialized.md. */
 template <int HeadDim>
 struct cfg;
 template <>
-struct cfg<64> { static constexpr int Bc = 128, STAGES = 4, TURNED = 1, NWARPGROUPS = STAGE12_D64_WG3 ? 3 : 2; }; /* O 32 + S 64 + P 32 */
+struct cfg<64> { static constexpr int HeadDim = 64, NWARPGROUPS = 3, Bc = 128, STAGES = 4, TURNED = 1; };
 template <>
-struct cfg<128> { static constexpr int Bc = 128, STAGES = STAGE12_D128_WG3 ? 2 : 3, TURNED = 0,
-                  NWARPGROUPS = STAGE12_D128_WG3 ? 3 : 2; };  /* O 64 + S 64 + P 32 */
+struct cfg<128> { static constexpr int HeadDim = 128, NWARPGROUPS = 3, Bc = 128, STAGES = 2, TURNED = 0; };
 template <>
-struct cfg<256> { static constexpr int Bc = 64, STAGES = 2, TURNED = 0, NWARPGROUPS = 2; }; /* O 128 + S 32 + P 16 */
+struct cfg<256> { static constexpr int HeadDim = 256, NWARPGROUPS = 2, Bc = 64, STAGES = 2, TURNED = 0; };
+constexpr int WARPGROUP = 4 * WARP_SIZE; /* threads that issue one wgmma together */
+constexpr int PRODUCER_REGS = 24; /* setmaxnreg, per thread (above); the consumers' share: tiles */
+constexpr size_t SMEM_MAX = 227 * 1024; /* the shared memory a block may have on an H100 or H200 */
 
-/* Everything derived from the configuration: tile sizes and the shared-memory layout. */
-template <int HeadDim>
+/* Everything derived from a configuration: tile sizes, threads, registers, the shared-memory layout. */
+template <typename Cfg>
 struct tiles {
-    typedef cfg<HeadDim> C;
-    static constexpr int Bc = C::Bc, STAGES = C::STAGES;
-    static constexpr bool TURNED = C::TURNED != 0;
-    static constexpr int NWARPGROUPS = C::NWARPGROUPS; /* consumer warpgroups */
-    static constexpr int NWARPS = 4 * NWARPGROUPS;     /* consumer warps */
+    static constexpr int HeadDim = Cfg::HeadDim, Bc = Cfg::Bc, STAGES = Cfg::STAGES;
+    static constexpr bool TURNED = Cfg::TURNED != 0;
+    static constexpr int NWARPGROUPS = Cfg::NWARPGROUPS; /* consumer warpgroups */
+    static constexpr int NWARPS = 4 * NWARPGROUPS;       /* consumer warps */
     /* the wgmma accumulators give each warp 16 rows of its warpgroup's 64: one m16 row tile */
     static constexpr int M_TILES = 1;
     static constexpr int NTHREADS = NWARPS * WARP_SIZE + WARPGROUP; /* the consumers, then the producer */
@@ -154,15 +144,17 @@ struct tiles {
 
 /* ---- kernel ---- */
 
-/* COUNT: the counting build for --counters (common/cuda/counters.cuh); the timed build has none. */
-template <typename T, int HeadDim, bool COUNT>
-__global__ void __launch_bounds__(tiles<HeadDim>::NTHREADS, 1)
+/* Cfg: a configuration (above). COUNT: the counting build for --counters (common/cuda/counters.cuh);
+ * the timed build has none. */
+template <typename T, typename Cfg, bool COUNT>
+__global__ void __launch_bounds__(tiles<Cfg>::NTHREADS, 1)
 stage12_warp_specialized_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_constant__ CUtensorMap tmap_K,
                                 const __grid_constant__ CUtensorMap tmap_V, T *__restrict__ O, float *__restrict__ L,
                                 int N, int causal, float scale_log2, unsigned long long *counters)
 {
-    typedef tiles<HeadDim> Tiles;
+    typedef tiles<Cfg> Tiles;
     typedef mma16<T> M;
+    constexpr int HeadDim = Tiles::HeadDim;
     constexpr int M_TILES = Tiles::M_TILES, Br = Tiles::Br, Bc = Tiles::Bc, STAGES = Tiles::STAGES;
     constexpr bool TURNED = Tiles::TURNED;
     constexpr int NWARPGROUPS = Tiles::NWARPGROUPS, NWARPS = Tiles::NWARPS;
@@ -345,8 +337,8 @@ stage12_warp_specialized_kernel(const __grid_constant__ CUtensorMap tmap_Q, cons
      *   tile 0:          wait for it, S_i0 -> P_i0
      *   tile j:          O_i += P_ij V_j (issued) | wait for tile j+1, S_{i,j+1} -> P_{i,j+1}
      * So a stage is released one tile late: V_j is read until the wait for S_{i,j+1}, after which
-     * scores releases tile j (the last tile, after the loop). Not turned (d = 256, configuration
-     * above), P_ij V_j is waited for at once and tile j released then. */
+     * scores releases tile j (the last tile, after the loop). Not turned (TURNED = 0: d = 128 and
+     * 256, configuration above), P_ij V_j is waited for at once and tile j released then. */
     mbar_wait(Q_full, 0); /* Q_i has landed (the barrier's one phase; no fence, as for K_j, V_j) */
     next_tile(0);
     scores(0);
@@ -413,10 +405,10 @@ stage12_warp_specialized_kernel(const __grid_constant__ CUtensorMap tmap_Q, cons
 /* ---- launcher ---- */
 
 /* Rows of K (and V) read for the Q tiles of one head: each Q tile reads the K/V tiles it sees. */
-template <int HeadDim>
+template <typename Cfg>
 double kv_rows_read(const struct shape *sh)
 {
-    typedef tiles<HeadDim> Tiles;
+    typedef tiles<Cfg> Tiles;
     const int N = sh->N, Tr = CEIL_DIV(N, Tiles::Br), Tc = CEIL_DIV(N, Tiles::Bc);
     double rows = 0;
     for (int i = 0; i < Tr; i++) {
@@ -430,8 +422,8 @@ double kv_rows_read(const struct shape *sh)
  * once. (16-bit elements in both dtypes.) */
 void hbm_bytes(const struct shape *sh, struct hbm_traffic *t)
 {
-    const double kv_rows = sh->d == 64 ? kv_rows_read<64>(sh) : sh->d == 128 ? kv_rows_read<128>(sh)
-                           : kv_rows_read<256>(sh);
+    const double kv_rows = sh->d == 64 ? kv_rows_read<cfg<64>>(sh) : sh->d == 128 ? kv_rows_read<cfg<128>>(sh)
+                           : kv_rows_read<cfg<256>>(sh);
     const double heads = (double)sh->B * sh->H, d = sh->d, N = sh->N;
     t->Q = heads * N * d * 2;
     t->KV = heads * 2.0 * kv_rows * d * 2;
@@ -441,12 +433,13 @@ void hbm_bytes(const struct shape *sh, struct hbm_traffic *t)
     t->q_reads = 1;
 }
 
-template <typename T, int HeadDim, bool COUNT>
+template <typename T, typename Cfg, bool COUNT>
 int launch(const struct attn_args *a, char *why, size_t n)
 {
-    typedef tiles<HeadDim> Tiles;
+    typedef tiles<Cfg> Tiles;
+    constexpr int HeadDim = Tiles::HeadDim;
     const size_t smem = Tiles::bytes;
-    if (int rc = smem_optin(stage12_warp_specialized_kernel<T, HeadDim, COUNT>, smem, HeadDim, why, n)) return rc;
+    if (int rc = smem_optin(stage12_warp_specialized_kernel<T, Cfg, COUNT>, smem, HeadDim, why, n)) return rc;
 
     const struct shape *sh = &a->sh;
     const long long bh = (long long)sh->B * sh->H;
@@ -460,38 +453,41 @@ int launch(const struct attn_args *a, char *why, size_t n)
     if (int rc = tma_map_heads<T>(&tmap_Q, (const T *)a->Q, bh, sh->N, HeadDim, Tiles::Br, why, n)) return rc;
     if (int rc = tma_map_heads<T>(&tmap_K, (const T *)a->K, bh, sh->N, HeadDim, Tiles::Bc, why, n)) return rc;
     if (int rc = tma_map_heads<T>(&tmap_V, (const T *)a->V, bh, sh->N, HeadDim, Tiles::Bc, why, n)) return rc;
-    /* (batch, head) in x, Q tiles in y: at most 2^20 / 128 = 8192 tiles, under y's 65535 */
+    /* (batch, head) in x, Q tiles in y: at most 2^20 / Br <= 8192 tiles, under y's 65535 */
     const dim3 grid((unsigned)bh, CEIL_DIV(sh->N, Tiles::Br));
     const dim3 block(Tiles::NTHREADS);
-    stage12_warp_specialized_kernel<T, HeadDim, COUNT><<<grid, block, smem>>>(
+    stage12_warp_specialized_kernel<T, Cfg, COUNT><<<grid, block, smem>>>(
         tmap_Q, tmap_K, tmap_V, (T *)a->O, a->L, sh->N, sh->causal, sh->scale * LOG2E, a->counters);
     CUDA_TRY(cudaGetLastError());
     return 0;
 }
 
-/* dtype, head dim and counting build -> the kernel's template arguments */
-template <typename T, bool COUNT>
+/* dtype, head dim and counting build -> the kernel's template arguments; Cfg<HeadDim> is the
+ * configuration of each head dim (the stage's: cfg) */
+template <template <int> class Cfg, typename T, bool COUNT>
 int dispatch_d(const struct attn_args *a, char *why, size_t n)
 {
     switch (a->sh.d) {
-    case 64: return launch<T, 64, COUNT>(a, why, n);
-    case 128: return launch<T, 128, COUNT>(a, why, n);
-    case 256: return launch<T, 256, COUNT>(a, why, n);
+    case 64: return launch<T, Cfg<64>, COUNT>(a, why, n);
+    case 128: return launch<T, Cfg<128>, COUNT>(a, why, n);
+    case 256: return launch<T, Cfg<256>, COUNT>(a, why, n);
     }
     snprintf(why, n, "supports head dim 64, 128 or 256 (got d=%d)", a->sh.d);
     return ATTN_UNSUPPORTED;
 }
 
-template <typename T>
+template <template <int> class Cfg, typename T>
 int dispatch(const struct attn_args *a, char *why, size_t n)
 {
-    return a->counters ? dispatch_d<T, true>(a, why, n) : dispatch_d<T, false>(a, why, n);
+    return a->counters ? dispatch_d<Cfg, T, true>(a, why, n) : dispatch_d<Cfg, T, false>(a, why, n);
 }
 
+/* The forward with the configurations Cfg<64>, Cfg<128>, Cfg<256>; the stage's is forward<cfg>. */
+template <template <int> class Cfg>
 int forward(const struct attn_args *a, char *why, size_t n)
 {
-    if (a->dtype == DT_F16) return dispatch<__half>(a, why, n);
-    if (a->dtype == DT_BF16) return dispatch<__nv_bfloat16>(a, why, n);
+    if (a->dtype == DT_F16) return dispatch<Cfg, __half>(a, why, n);
+    if (a->dtype == DT_BF16) return dispatch<Cfg, __nv_bfloat16>(a, why, n);
     snprintf(why, n, "supports fp16 and bf16 (got %s)", dtype_name(a->dtype));
     return ATTN_UNSUPPORTED;
 }
@@ -502,7 +498,7 @@ extern "C" const struct stage stage12_desc = {
     .name = "stage12",
     .idea = "Hopper: TMA loads by a producer warp through an mbarrier ring, consumer warpgroups compute, setmaxnreg",
     .device = ON_GPU,
-    .forward = forward,
+    .forward = forward<cfg>,
     .backward = NULL,
     .dims = {64, 128, 256},
     .dtypes = DT_F16 | DT_BF16,
