@@ -1,10 +1,10 @@
-/* copy_bw.cu: the device's copy bandwidth, the yardstick of a memory-bound kernel.
+/* copy_bw.cu: the device's copy bandwidth, and the floors of a memory-bound kernel.
  *
  * cudaMemcpy of one device buffer into another (1 GiB by default, far past any L2), timed between
  * CUDA events, median and minimum of the timed runs after warm-up. A copy reads every byte once and
  * writes it once, so the bandwidth is 2 * bytes / time, as CUDA's bandwidthTest counts a
- * device-to-device copy: the HBM traffic, read plus write. A kernel that only reads (stage 15 reads
- * K and V) is measured against this number in the same run (bench/bench_decode.sh).
+ * device-to-device copy: the HBM traffic, read plus write. bench/bench_decode.sh prints a kernel
+ * that only reads (stage 15 reads K and V) as a share of this number measured in the same run.
  * A small copy, timed alone, shows the fixed cost of one timed run as a kernel pays it (the launch
  * as the events see it, the first bytes' latency): --bytes B copies B bytes instead, and
  * --flush-l2 empties the L2 before each timed copy (common/cuda/l2_flush.cuh), as a stage's
@@ -13,7 +13,8 @@
  * --read times a kernel that only reads the bytes instead (read_kernel: every SM full of threads,
  * each with four 16-byte loads in flight, nothing written): the least time any kernel that reads
  * them takes, timed the same way; a decode kernel's floor at its shape is `--read --bytes` its K
- * and V bytes `--flush-l2`. Its bandwidth is bytes / time.
+ * and V bytes `--flush-l2` (bench_decode.sh's hbm-read rows, which stage 15's claim is stated
+ * against). Its bandwidth is bytes / time.
  * --read-ring reads them the way stage 15 streams K and V, computing nothing (read_ring_kernel: a
  * block per contiguous run of the bytes, through a cp.async ring of three 32 KiB tiles in shared
  * memory, a barrier per tile, every block resident at once): what the stage's loop costs without

@@ -29,9 +29,9 @@
  *   - causal means the queries are the last N_q of the N_kv positions: query i sees keys up to
  *     N_kv - N_q + i (bottom-right, as FlashAttention; keys_seen in common/attn.h).
  * Why: one query is a matrix-vector product per head. Each K and V element is used G N_q times
- *   (4 at the issue's shape): far below the ~300 FLOPs per byte where an H200 stops being limited
- *   by HBM. The roofline is the bandwidth: time = bytes of K and V / HBM bandwidth, reachable only
- *   with every SM streaming.
+ *   (4 at a Llama-style shape: G = 4, N_q = 1), far below the ~200 FLOPs per byte where an H200
+ *   stops being limited by HBM. The roofline is the bandwidth: time = bytes of K and V / HBM
+ *   bandwidth, reachable only with every SM streaming.
  * Measured on H200: notes/15_split_kv.md (make bench-decode, bench/data/h200_decode.csv).
  * Run: ./stage15 --batch 1 --heads 32 --kv-heads 8 --seqlen 1 --kv-len 65536 --dim 128
  */
@@ -47,14 +47,12 @@
 #include <cuda_fp16.h>
 #include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
-#include <vector>
 
 namespace {
 
 /* ---- configuration ---- */
 
-/* Query rows per block: one m16 tile of the mma, which holds a whole group at the issue's shape
+/* Query rows per block: one m16 tile of the mma, which holds a whole group at a Llama-style shape
  * (G = 4 heads, N_q = 1) and up to 16 rows of larger ones; more rows take more row tiles, each
  * reading the slice of K and V again (from L2 when they run together). */
 constexpr int Br = 16;
@@ -63,50 +61,18 @@ constexpr int NWARPS = 4;
 /* At most MAX_SPLITS slices (--splits allows no more): the merge keeps a weight per slice and row
  * in shared memory over the K/V ring, [max_splits][Br] floats (64 KiB at 1024). */
 constexpr int MAX_SPLITS = 1024;
-/* The merge's loads of partial rows O_s kept in flight per thread (unrolled): they come from L2,
- * a few hundred cycles each, and the merge is the tail of the kernel, nothing to overlap it. At
- * B = 1, N_kv = 16k a thread sums 32 slices: 16 in flight are two L2 round trips one after the
- * other, where 8 were four. Measured on the H200 (note 14): 16 and 32 both about 0.5 us less than
- * 8 there (24.5 -> 24.0 us), half of what was predicted, and nothing at B = 8; nvcc
- * -DSTAGE15_MERGE_UNROLL=N builds another to time against it. */
-#ifndef STAGE15_MERGE_UNROLL
-#define STAGE15_MERGE_UNROLL 16
-#endif
-constexpr int MERGE_UNROLL = STAGE15_MERGE_UNROLL;
-static_assert(MERGE_UNROLL >= 1, "at least one load in flight");
+/* The merge's loads of partial rows O_s in flight per thread: they come from L2 at the kernel's very
+ * end, with nothing to hide them, and at 32 slices 16 in flight are two round trips where 8 are four. */
+constexpr int MERGE_UNROLL = 16;
 
-/* The per-block timeline, a build of its own (nvcc -DSTAGE15_TIMELINE=1; the default build has
- * none of it): thread 0 of every block stamps the GPU's nanosecond clock (%globaltimer, one clock
- * for all SMs) at the block's start, when its first K/V tile has landed, at the loop's end, when
- * its partials are written and fenced (or, with one slice, O), and when it leaves (the last block
- * of a row tile after the merge, whose phases it stamps too: the ticket drawn, the L_s in shared
- * memory, the weights), and notes its SM. At the program's end the last launch's stamps
- * are summarized on stderr (timeline_report), and written to the file STAGE15_TIMELINE_CSV names,
- * a row per block, for a plot (note 14, "What is next"). */
-#ifndef STAGE15_TIMELINE
-#define STAGE15_TIMELINE 0
-#endif
-enum { TL_START, TL_FIRST_TILE, TL_LOOP_END, TL_PARTIALS, TL_TICKET, TL_MERGE_L, TL_MERGE_W, TL_END, TL_EVENTS };
-#if STAGE15_TIMELINE
-constexpr int TL_MAX_BLOCKS = 16384; /* blocks past these are not stamped */
-__device__ unsigned long long tl_stamps[TL_MAX_BLOCKS][TL_EVENTS + 1]; /* + the block's SM */
-__device__ __forceinline__ void tl_stamp(int event)
-{
-    const unsigned b = blockIdx.y * gridDim.x + blockIdx.x;
-    if (threadIdx.x != 0 || b >= TL_MAX_BLOCKS) return;
-    unsigned long long now;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    tl_stamps[b][event] = now;
-    if (event == TL_START) { /* this launch's: no stamp left from the last one */
-        unsigned sm;
-        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-        tl_stamps[b][TL_EVENTS] = sm;
-        for (int e = TL_START + 1; e < TL_EVENTS; e++) tl_stamps[b][e] = 0;
-    }
-}
-#else
-__device__ __forceinline__ void tl_stamp(int) {}
-#endif
+/* The points of its work the kernel marks, for a probe: the stage's own (no_probe) does nothing
+ * and costs nothing; bench/ablations/15_timeline.cu passes one that stamps the clock at each
+ * (common/cuda/timeline.cuh), to see where a block's time goes. */
+enum mark { AT_START, AT_FIRST_TILE, AT_LOOP_END, AT_PARTIALS, AT_TICKET, AT_MERGE_L, AT_MERGE_W, AT_END, MARKS };
+struct no_probe {
+    static constexpr bool on = false;
+    static __device__ __forceinline__ void at(int) {}
+};
 
 /* The most slices, from MAX_SPLITS down by halves, whose merge (a weight per slice and row, then
  * each row's m and 1 / l) fits in ring_bytes of shared memory. */
@@ -116,10 +82,12 @@ constexpr int splits_fitting(size_t ring_bytes, int S)
 }
 
 /* One configuration: K/V tiles of Bc keys, STAGES of them in the cp.async ring (tile j computes
- * while the next STAGES - 1 copy), and everything derived from it. */
-template <int HeadDim_, int Bc_, int STAGES_>
+ * while the next STAGES - 1 copy), and everything derived from it; and the probe the kernel calls
+ * at its marks. */
+template <int HeadDim_, int Bc_, int STAGES_, class Probe_ = no_probe>
 struct tiles {
     static constexpr int HeadDim = HeadDim_, Bc = Bc_, STAGES = STAGES_;
+    typedef Probe_ Probe;
     static constexpr int NTHREADS = NWARPS * WARP_SIZE;
     static constexpr int KEYS_PER_WARP = Bc / NWARPS; /* 32 (d = 64) or 16 (d = 128) */
     static constexpr unsigned TILE_BYTES = 2 * Bc * HeadDim; /* one K (or V) tile, 16-bit */
@@ -162,22 +130,22 @@ struct tiles {
  * two: the same tiles and warps, one tile copying while one computes, 64 KiB; its merge takes at
  * most 512 slices (its splits rule asks for at most one per resident block, 40 on a T4). The tile
  * stays: a smaller Bc at d = 128 would leave each warp 8 keys, less than a k16 step of P_ij V_j. */
-template <int HeadDim>
+template <int HeadDim, class Probe>
 struct cfg;
-template <>
-struct cfg<64> { typedef config_list<tiles<64, 128, 3>,    /* 96 KiB */
-                                     tiles<64, 128, 2>> list; };  /* 64 KiB */
-template <>
-struct cfg<128> { typedef config_list<tiles<128, 64, 3>,   /* 96 KiB */
-                                      tiles<128, 64, 2>> list; }; /* 64 KiB */
+template <class Probe>
+struct cfg<64, Probe> { typedef config_list<tiles<64, 128, 3, Probe>,    /* 96 KiB */
+                                            tiles<64, 128, 2, Probe>> list; };  /* 64 KiB */
+template <class Probe>
+struct cfg<128, Probe> { typedef config_list<tiles<128, 64, 3, Probe>,   /* 96 KiB */
+                                             tiles<128, 64, 2, Probe>> list; }; /* 64 KiB */
 
 /* Calls f(Tiles{}) with the first configuration of head dim d that fits `limit` bytes. */
-template <class F>
+template <class Probe = no_probe, class F>
 int with_tiles(int d, size_t limit, char *why, size_t n, F &&f)
 {
     switch (d) {
-    case 64: return first_fit(cfg<64>::list(), limit, d, why, n, f);
-    case 128: return first_fit(cfg<128>::list(), limit, d, why, n, f);
+    case 64: return first_fit(typename cfg<64, Probe>::list(), limit, d, why, n, f);
+    case 128: return first_fit(typename cfg<128, Probe>::list(), limit, d, why, n, f);
     }
     snprintf(why, n, "supports head dim 64 or 128 (got d=%d)", d);
     return ATTN_UNSUPPORTED;
@@ -209,7 +177,7 @@ __device__ __forceinline__ void merge_slices(const float *O_part, const float *L
         w[c] = r < rows ? __ldcg(&L_part[(size_t)s * rows_all + row0 + r]) : -INFINITY;
     }
     __syncthreads(); /* every L_s in shared memory */
-    tl_stamp(TL_MERGE_L);
+    Tiles::Probe::at(AT_MERGE_L);
 
     /* m and l per row, PER_ROW threads a row, each over every PER_ROW-th slice, then across them */
     {
@@ -230,7 +198,7 @@ __device__ __forceinline__ void merge_slices(const float *O_part, const float *L
         if (part == 0 && r < rows) L[row0 + r] = m == -INFINITY ? -INFINITY : m + logf(l); /* nats */
     }
     __syncthreads(); /* every weight, m and 1 / l in shared memory */
-    tl_stamp(TL_MERGE_W);
+    Tiles::Probe::at(AT_MERGE_W);
 
     /* O: a thread per four columns of a row, summing the slices' rows MERGE_UNROLL loads at a time */
     for (int c = tid; c < rows * QUADS; c += NTHREADS) {
@@ -261,7 +229,8 @@ stage15_split_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
                      float scale_log2, int row_tiles)
 {
     typedef mma16<T> M;
-    tl_stamp(TL_START);
+    typedef typename Tiles::Probe Probe;
+    Probe::at(AT_START);
     constexpr int HeadDim = Tiles::HeadDim, NTHREADS = Tiles::NTHREADS, Bc = Tiles::Bc, KW = Tiles::KEYS_PER_WARP;
     constexpr int STAGES = Tiles::STAGES;
     constexpr int KT = KW / 8;      /* key tiles: n8 tiles of S_ij in this warp's keys of a tile */
@@ -340,7 +309,7 @@ stage15_split_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
         cp_async_wait<STAGES - 2>();
         __syncthreads(); /* tile j in shared memory for every warp; every warp is done with tile j-1,
                           * whose buffer the copy below takes */
-        if (step == 0) tl_stamp(TL_FIRST_TILE);
+        if (step == 0) Probe::at(AT_FIRST_TILE);
         if (j + STAGES - 1 < j_end) { /* tile j + STAGES - 1 copies while tile j computes */
             const int buf = (step + STAGES - 1) % STAGES;
             kv_loader.load(K_ring + buf * Bc * HeadDim, K, (j + STAGES - 1) * Bc, N_kv);
@@ -425,7 +394,7 @@ stage15_split_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
      * Through shared memory, over the K/V ring. */
     cp_async_wait<0>(); /* (only empty groups can be left) */
     __syncthreads();    /* every warp is done with the ring: the merge buffers overwrite it */
-    tl_stamp(TL_LOOP_END);
+    Probe::at(AT_LOOP_END);
     float *O_w = (float *)(smem + Tiles::merge_O), *m_w = (float *)(smem + Tiles::merge_m);
     float *l_w = (float *)(smem + Tiles::merge_l);
 #pragma unroll
@@ -480,7 +449,7 @@ stage15_split_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
         }
     }
     if (final) {
-        tl_stamp(TL_PARTIALS), tl_stamp(TL_END); /* (thread 0's part of O written; the others' may not be) */
+        Probe::at(AT_PARTIALS), Probe::at(AT_END); /* (thread 0's part of O written; the others' may not be) */
         return;
     }
 
@@ -500,7 +469,7 @@ stage15_split_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
      * waits, and any number of slices works whatever fits on the GPU at once. */
     __threadfence();  /* this thread's partials visible to the whole GPU before the ticket */
     __syncthreads();  /* every thread's stores and fence done; the merge below reuses the smem too */
-    tl_stamp(TL_PARTIALS);
+    Probe::at(AT_PARTIALS);
     bool last = false;
     if (tid == 0) {
         last = atomicInc(&tickets[blockIdx.x], S - 1) == (unsigned)(S - 1);
@@ -508,14 +477,14 @@ stage15_split_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
                                     * they are written */
     }
     if (!__syncthreads_or(last)) { /* (a barrier: thread 0's ticket for the whole block) */
-        tl_stamp(TL_END);
+        Probe::at(AT_END);
         return;
     }
-    tl_stamp(TL_TICKET);
+    Probe::at(AT_TICKET);
     merge_slices<T, Tiles>(O_part, L_part, O, L, rows_all, group_row0 + r0, min(Br, M_rows - r0), S, smem);
-    if (STAGE15_TIMELINE) {
+    if constexpr (Probe::on) {
         __syncthreads(); /* every thread's part of the merge issued */
-        tl_stamp(TL_END);
+        Probe::at(AT_END);
     }
 }
 
@@ -604,81 +573,6 @@ int splits_refused(int S, char *why, size_t n)
     return ATTN_UNSUPPORTED;
 }
 
-#if STAGE15_TIMELINE
-/* The last launch's grid, and at the program's end its timeline (the stamps above): per event the
- * first, median, 90th-percentile and last block, in microseconds after the first block started;
- * the blocks' own durations; how many blocks each SM ran; with STAGE15_TIMELINE_CSV=path, a row
- * per block. */
-unsigned tl_grid_x, tl_grid_y;
-void timeline_report()
-{
-    const unsigned blocks = std::min<unsigned>(tl_grid_x * tl_grid_y, TL_MAX_BLOCKS), W = TL_EVENTS + 1;
-    std::vector<unsigned long long> st((size_t)blocks * W);
-    if (!blocks || cudaMemcpyFromSymbol(st.data(), tl_stamps, st.size() * sizeof st[0]) != cudaSuccess) {
-        fprintf(stderr, "stage15 timeline: no stamps to read (%s)\n", cudaGetErrorString(cudaGetLastError()));
-        return;
-    }
-    unsigned long long t0 = ~0ULL;
-    for (unsigned b = 0; b < blocks; b++) t0 = std::min(t0, st[(size_t)b * W + TL_START]);
-    auto us = [&](unsigned b, int e) { return (st[(size_t)b * W + e] - t0) / 1000.0; };
-    static const char *const names[TL_EVENTS] = {"start", "first K/V tile landed", "loop end",
-                                                 "partials written, fenced", "merge: ticket drawn",
-                                                 "merge: L_s loaded", "merge: weights", "end"};
-    fprintf(stderr, "stage15 timeline of the last launch: %u blocks (%u x %u), us after the first block's start\n",
-            blocks, tl_grid_x, tl_grid_y);
-    fprintf(stderr, "  %-26s %8s %8s %8s %8s %7s\n", "event", "first", "median", "90%", "last", "blocks");
-    std::vector<double> v;
-    auto row = [&](const char *name) {
-        std::sort(v.begin(), v.end());
-        if (v.empty()) return;
-        fprintf(stderr, "  %-26s %8.2f %8.2f %8.2f %8.2f %7zu\n", name, v.front(), v[v.size() / 2],
-                v[std::min(v.size() - 1, v.size() * 9 / 10)], v.back(), v.size());
-    };
-    for (int e = 0; e < TL_EVENTS; e++) {
-        v.clear();
-        for (unsigned b = 0; b < blocks; b++)
-            if (st[(size_t)b * W + e]) v.push_back(us(b, e));
-        row(names[e]);
-    }
-    v.clear();
-    for (unsigned b = 0; b < blocks; b++)
-        if (st[(size_t)b * W + TL_END]) v.push_back(us(b, TL_END) - us(b, TL_START));
-    row("a block's own time");
-    std::vector<int> per_sm;
-    for (unsigned b = 0; b < blocks; b++) {
-        const unsigned sm = (unsigned)st[(size_t)b * W + TL_EVENTS];
-        if (sm >= per_sm.size()) per_sm.resize(sm + 1, 0);
-        per_sm[sm]++;
-    }
-    std::vector<int> hist;
-    for (int c : per_sm) {
-        if ((size_t)c >= hist.size()) hist.resize(c + 1, 0);
-        hist[c]++;
-    }
-    fprintf(stderr, "  SMs by blocks run:");
-    for (size_t c = 0; c < hist.size(); c++)
-        if (hist[c]) fprintf(stderr, " %d SMs ran %zu", hist[c], c);
-    fprintf(stderr, "\n");
-    if (const char *path = getenv("STAGE15_TIMELINE_CSV")) {
-        FILE *f = fopen(path, "w");
-        if (!f) {
-            fprintf(stderr, "stage15 timeline: cannot write %s\n", path);
-            return;
-        }
-        fprintf(f, "block,x,y,sm,start_us,first_tile_us,loop_end_us,partials_us,ticket_us,merge_l_us,merge_w_us,end_us\n");
-        for (unsigned b = 0; b < blocks; b++) {
-            fprintf(f, "%u,%u,%u,%llu", b, b % tl_grid_x, b / tl_grid_x, st[(size_t)b * W + TL_EVENTS]);
-            for (int e = 0; e < TL_EVENTS; e++) {
-                if (st[(size_t)b * W + e]) fprintf(f, ",%.3f", us(b, e));
-                else fprintf(f, ",");
-            }
-            fprintf(f, "\n");
-        }
-        fclose(f);
-    }
-}
-#endif
-
 template <typename T, class Tiles>
 int launch(const struct attn_args *a, char *why, size_t n)
 {
@@ -708,11 +602,6 @@ int launch(const struct attn_args *a, char *why, size_t n)
         tickets = (unsigned *)(L_part + (size_t)S * rows);
     }
     const float scale_log2 = sh->scale * LOG2E;
-#if STAGE15_TIMELINE
-    static const bool reported = !atexit(timeline_report);
-    (void)reported;
-    tl_grid_x = (unsigned)blocks, tl_grid_y = (unsigned)S;
-#endif
     /* (batch, KV head, row tile) in x, the slice in y (S <= 1024, under y's 65535) */
     stage15_split_kernel<T, Tiles><<<dim3((unsigned)blocks, (unsigned)S), Tiles::NTHREADS, Tiles::smem_bytes>>>(
         (const T *)a->Q, (const T *)a->K, (const T *)a->V, (T *)a->O, a->L, O_part, L_part, tickets, sh->B, sh->H,
