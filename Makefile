@@ -22,12 +22,29 @@ MAKEFLAGS += --no-builtin-rules
 CC ?= cc
 NVCC ?= nvcc
 CFLAGS ?= -O2 -Wall -Wextra
+# make runs a job per core unless told otherwise (make -j1: one at a time; a -j on the command line
+# wins). Not when cleaning: make clean all would race the build it cleans.
+NPROC := $(shell nproc 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null || echo 2)
+ifeq ($(MAKELEVEL)$(filter -j%,$(MAKEFLAGS))$(filter clean,$(MAKECMDGOALS)),0)
+MAKEFLAGS += -j$(NPROC)
+endif
 # The GPU architectures the GPU stages are compiled for, oldest first: machine code (SASS) for
 # each, and the PTX of the last one too, which the driver JIT-compiles for a GPU newer than any
-# listed (sm_100, sm_120). 75: Turing (the T4), 80: Ampere (A100; RTX 30 and 40 cards run it),
-# 90: Hopper. PTX_ONLY=1 embeds the PTX of each alone, compiled by the driver when a program
-# starts: `make CUDA_ARCH=75 PTX_ONLY=1 BUILD=build75` runs Turing's code path on any GPU.
-CUDA_ARCH ?= 75 80 90
+# listed. Unless named, this machine's own GPUs' (nvidia-smi's compute capability; where this nvcc
+# does not know one yet, the newest it knows below it, run through its PTX), else 80 alone: a
+# machine without a GPU builds one architecture, enough to show every stage compiles. The Hopper
+# stages are sm_90a whatever this says. CUDA_ARCH="75 80 90" builds machine code for Turing (T4),
+# Ampere (A100; RTX 30 and 40 cards run it) and Hopper in every program: slower to build, it runs
+# anywhere. PTX_ONLY=1 embeds the PTX of each alone, compiled by the driver when a program starts:
+# `make CUDA_ARCH=75 PTX_ONLY=1 BUILD=build75` runs Turing's code path on any GPU.
+ifeq ($(origin CUDA_ARCH),undefined)
+CUDA_ARCH := $(shell caps=$$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | tr -d '. ' | sort -un); \
+               [ -n "$$caps" ] && known=$$($(NVCC) --list-gpu-arch 2>/dev/null | sed -n 's/^compute_\([0-9]*\)$$/\1/p' | sort -n); \
+               for c in $$caps; do best=; for k in $$known; do [ "$$k" -le "$$c" ] && best=$$k; done; \
+                 [ -n "$$best" ] && [ "$$best" -ge 75 ] && echo "$$best"; done | sort -un | tr '\n' ' ')
+CUDA_ARCH := $(or $(strip $(CUDA_ARCH)),80)
+export CUDA_ARCH   # (make's own sub-makes, tests/diff_noise.sh's, need not ask again)
+endif
 PTX_ONLY ?= 0
 BUILD := build
 COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
@@ -46,12 +63,13 @@ endif
 # builds that way on purpose.
 ifndef OPENMP
 OPENMP := $(shell printf 'int main(void){return 0;}' | $(CC) -fopenmp -x c - -o /dev/null >/dev/null 2>&1 && echo 1 || echo 0)
+export OPENMP
 endif
 OMP_CFLAGS := $(if $(filter 1,$(OPENMP)),-fopenmp,-Wno-unknown-pragmas)
 OMP_LDFLAGS := $(if $(filter 1,$(OPENMP)),-fopenmp,)
 ALL_CFLAGS := -std=gnu11 $(OMP_CFLAGS) -I. -MMD -MP $(CFLAGS)
 # (--threads: nvcc compiles the architectures of one file side by side; -compress-all: the code
-# of three architectures, the PTX and the line info take a fifth of the space compressed, and the
+# of several architectures, the PTX and the line info take a fifth of the space compressed, and the
 # driver unpacks a kernel when it loads it)
 NVCC_THREADS ?= 4
 NVCCFLAGS := -std=c++17 -O3 -lineinfo $(NVDEBUG) -I. -MMD -MP -Xcompiler -Wall,-Wextra --threads $(NVCC_THREADS) \
@@ -93,7 +111,7 @@ TEST_LINK = $(CC) $(OMP_LDFLAGS) $(LDFLAGS) -o $@ $(OBJS_IN) $(CRITERION_LIBS) -
 endif
 STAGE_OBJS := $(sort $(foreach s,$(BUILT_STAGES),$(BUILD)/stages/$(s).o))
 
-.PHONY: deps deps-test all ablations ablate test bench bench-decode bench-cpu bench-ncu plots sanitize gpu-suites clean FORCE
+.PHONY: deps deps-test deps-plots all ablations ablate test bench bench-decode bench-cpu bench-ncu plots sanitize gpu-suites clean FORCE
 all: $(foreach s,$(BUILT_STAGES),$(call bin,$(s))) tests/attn_tests
 
 # ---- compiling ----
@@ -115,6 +133,19 @@ $(BUILD)/%.o: %.cu
 	@$(if $(Q),echo "  NVCC  $<")
 	$(Q)$(NVCC) $(NVCCFLAGS) $(NVCC_ARCH) -c $< -o $@
 $(HOPPER_OBJS): NVCC_ARCH := $(HOPPER_ARCH)
+
+# A build's GPU objects remember the architectures they were compiled for: another CUDA_ARCH or
+# PTX_ONLY in the same BUILD compiles them again (the sm_90a ones, Hopper stages and their
+# ablations, stay as they are).
+ARCH_STAMP := $(BUILD)/cuda-arch
+$(ARCH_STAMP): FORCE
+	@mkdir -p $(dir $@)
+	@echo '$(NVCC_ARCH)' > $@.tmp
+	@cmp -s $@.tmp $@ && rm -f $@.tmp || mv -f $@.tmp $@
+HOPPER_ABLATION_OBJS := $(foreach a,$(notdir $(wildcard bench/ablations/*.cu)),\
+                          $(if $(filter $(call num,$(a))_%,$(HOPPER_STAGES)),$(BUILD)/bench/ablations/$(a:.cu=.o)))
+$(filter-out $(HOPPER_OBJS) $(HOPPER_ABLATION_OBJS),\
+             $(patsubst %.cu,$(BUILD)/%.o,$(wildcard stages/*.cu common/cuda/*.cu tests/*.cu bench/ablations/*.cu))): $(ARCH_STAMP)
 
 $(BUILD)/main_stage%.o: common/main.c
 	@mkdir -p $(dir $@)
@@ -194,6 +225,9 @@ $(BUILD)/registry.o: $(BUILD)/registry.c
 $(TEST_OBJS) $(TEST_CUDA_OBJS): | deps-test
 deps-test:
 	@tests/deps.sh test
+# gnuplot first, the same way (make plots)
+deps-plots:
+	@tests/deps.sh plots
 tests/attn_tests: $(TEST_OBJS) $(STAGE_OBJS) $(COMMON_OBJS) $(if $(HAVE_NVCC),$(CUDA_OBJS) $(TEST_CUDA_OBJS)) $(FLAVOR_STAMP)
 	@$(if $(Q),echo "  LD    $@")
 	$(Q)$(TEST_LINK)
@@ -201,8 +235,8 @@ tests/attn_tests: $(TEST_OBJS) $(STAGE_OBJS) $(COMMON_OBJS) $(if $(HAVE_NVCC),$(
 # The suite runs the stage binaries too (command-line cases), so it needs them built.
 # tests/diff_noise.sh: every make diffN shows its idea, not a renaming (at most 8 lines each).
 test: all
-	./tests/attn_tests --jobs=$(or $(JOBS),2)
-	tests/diff_noise.sh
+	./tests/attn_tests --jobs=$(or $(JOBS),$(NPROC))
+	@tests/diff_noise.sh
 
 # ---- GPU-only targets ----
 # One shape also runs the counting build (--counters) of a forward stage; stage 10, a backward,
@@ -295,7 +329,7 @@ bench/cpu_blas: bench/cpu_blas.c $(COMMON_OBJS) $(REF_OBJ)
 
 # every chart (PNG and SVG, into plots/) and the README's results table, from bench/data/ alone;
 # the stage lists name the stages not measured yet (README=FILE: the table into FILE instead)
-plots:
+plots: | deps-plots
 	CPU_BINS="$(CPU_BINS)" GPU_BINS="$(GRID_BINS)" FWD_BINS="$(FWD_BINS)" plots/plot.sh
 
 # ---- reading a stage: what changed from the one before ----
