@@ -1,6 +1,8 @@
 /* cli.c: the one command line every stage takes. Bad input exits 2 with a one-line reason,
  * before any device is looked for. A stage is offered (and accepts) only the options that apply
- * to it: the table below says which. */
+ * to it: the table below says which. --kv-len and --kv-heads are the exception: --help lists them
+ * only for a stage with a KV cache (its descriptor's kv_cache), but every stage reads them, so that
+ * a self-attention stage given a KV cache says in its one line that it is self-attention only. */
 #include "harness.h"
 #include <errno.h>
 #include <float.h>
@@ -115,9 +117,6 @@ static void usage(const struct stage *st, const struct opts *def, FILE *f)
                    "  --kv-heads H_kv    KV heads, each shared by H / H_kv consecutive query heads (grouped-query\n"
                    "                     attention; 1: multi-query); H a multiple of H_kv (default %s)\n",
                 nkv, hkv);
-    } else {
-        fprintf(f, "  --kv-len N_kv      keys and values (this stage: N_kv = N only, self-attention)\n"
-                   "  --kv-heads H_kv    KV heads (this stage: H_kv = H only)\n");
     }
     if (stage_takes(st, SPLIT_KV))
         fprintf(f, "  --splits S         cut each KV head's keys into S slices, merged by their logsumexp\n"

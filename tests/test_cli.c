@@ -310,7 +310,9 @@ Test(cli, help_lists_what_the_stage_takes)
         {"./stage11", {"64, 128 or 256", "compute capability 9.0 only", "--counters"}, {"32, 64", "fp32", NULL}},
         {"./stage1", {"--kv-heads H_kv    KV heads, each shared", "--kv-len N_kv      keys and values: a KV cache",
                       "any d >= 1"}, {"--splits", "--counters", NULL}},
-        {"./stage9", {"(this stage: N_kv = N only", "--kv-heads", NULL}, {"--splits", NULL, NULL}},
+        /* the KV cache's flags: listed only where the stage has one (stages 1 and 15) */
+        {"./stage3", {"--load", NULL, NULL}, {"--kv-len", "--kv-heads", "--splits"}},
+        {"./stage9", {"--load", NULL, NULL}, {"--kv-len", "--kv-heads", "--splits"}},
         {"./stage15", {"--splits S", "queries per head, 1 to 64", "--kv-len N_kv      keys and values: a KV cache"},
          {"--counters", "fp32", "--deterministic"}},
     };
@@ -518,7 +520,7 @@ Test(cli, backward_save_then_load_round_trip)
 {
     char why[256], a[128], b[128], path[160];
     if (access("./stage10", X_OK) != 0) cr_skip_test("./stage10 is not built here (a GPU stage needs nvcc)");
-    if (!gpu_available || gpu_available(why, sizeof why)) cr_skip_test("no CUDA device: %s", gpu_available ? why : "built without CUDA");
+    test_require_gpu();
     const struct shape sh = test_shape(1, 3, 70, 32, 1);
     test_require_fit(test_find_stage("stage10"), &sh, DT_F16, 1, 1);
     test_path(a, sizeof a, "bwd_first");
@@ -575,9 +577,8 @@ Test(cli, smem_cap_bad_value_exits_2)
  * smallest tiles it exits 2 with one line. Needs a GPU (the stage runs). */
 Test(cli, smem_cap_picks_smaller_tiles)
 {
-    char why[256];
     if (access("./stage9", X_OK) != 0 || access("./stage10", X_OK) != 0) cr_skip_test("./stage9, ./stage10 not built here");
-    if (!gpu_available || gpu_available(why, sizeof why)) cr_skip_test("no CUDA device: %s", gpu_available ? why : "built without CUDA");
+    test_require_gpu();
     struct test_proc p;
     setenv("ATTN_SMEM_CAP_KB", "99", 1);
     test_spawn((char *[]){"./stage9", "--dim", "256", "--seqlen", "100", "--batch", "1", "--heads", "2", NULL}, &p);
@@ -597,9 +598,8 @@ Test(cli, smem_cap_picks_smaller_tiles)
  * one more is refused with one line. Needs a GPU. */
 Test(cli, stage15_at_64_kib)
 {
-    char why[256];
     if (access("./stage15", X_OK) != 0) cr_skip_test("./stage15 is not built here (a GPU stage needs nvcc)");
-    if (!gpu_available || gpu_available(why, sizeof why)) cr_skip_test("no CUDA device: %s", gpu_available ? why : "built without CUDA");
+    test_require_gpu();
     setenv("ATTN_SMEM_CAP_KB", "64", 1);
     struct test_proc p;
     test_spawn((char *[]){"./stage15", "--batch", "1", "--heads", "8", "--kv-heads", "2", "--kv-len", "5000", "--dim", "128",
@@ -617,7 +617,7 @@ Test(cli, bf16_on_turing_code_exits_2)
 {
     char why[256];
     if (access("./stage9", X_OK) != 0) cr_skip_test("./stage9 is not built here (a GPU stage needs nvcc)");
-    if (!gpu_available || gpu_available(why, sizeof why)) cr_skip_test("no CUDA device: %s", gpu_available ? why : "built without CUDA");
+    test_require_gpu();
     if (!gpu_dtype_check(DT_BF16, "stage9", why, sizeof why))
         cr_skip_test("the code running on this GPU is sm_%d's: it takes bf16", gpu_code_arch());
     struct test_proc p;

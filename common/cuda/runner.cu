@@ -68,10 +68,25 @@ static cudaError_t probe_attributes(cudaFuncAttributes *fa)
 
 extern "C" int gpu_available(char *why, size_t n)
 {
-    int count = 0;
+    int count = 0, driver = 0;
     cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess || count == 0) {
-        snprintf(why, n, "no CUDA device found (%s)", err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
+    /* No driver at all reads to the runtime as a driver too old for it (cudaErrorInsufficientDriver,
+     * with cudaDriverGetVersion 0): a machine without an NVIDIA GPU, said in those words. A driver
+     * that is there but older than this build's runtime is said so. */
+    if (err == cudaErrorInsufficientDriver && cudaDriverGetVersion(&driver) == cudaSuccess && driver > 0) {
+        snprintf(why, n, "the NVIDIA driver (CUDA %d.%d) is older than the CUDA runtime this was built with (%d.%d): "
+                 "update the driver", driver / 1000, driver % 1000 / 10, CUDART_VERSION / 1000,
+                 CUDART_VERSION % 1000 / 10);
+        return 1;
+    }
+    if (err == cudaErrorInsufficientDriver || err == cudaErrorNoDevice || (err == cudaSuccess && count == 0)) {
+        cudaGetLastError(); /* not sticky: clear it */
+        snprintf(why, n, "no NVIDIA GPU or driver found");
+        return 1;
+    }
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(why, n, "no usable CUDA device (%s)", cudaGetErrorString(err));
         return 1;
     }
     cudaDeviceProp p;
