@@ -212,7 +212,11 @@ stage11_wgmma_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
          *   m_new = max(m_i, rowmax(S_ij));  base = scale * m_new * log2(e)
          *   P_ij  = exp2(scale_log2 * S_ij - base)          one FFMA and one MUFU per score
          *   alpha = exp2(scale_log2 * m_i - base);  l_i = alpha l_i + rowsum(P_ij);  O_i *= alpha
-         * A row masked so far has m_new = -inf: base = 0, so P_ij = exp2(-inf) = 0, not NaN. */
+         * A row masked so far has m_new = -inf: base = 0, so P_ij = exp2(-inf) = 0, not NaN.
+         * alpha's scale_log2 * m_i is rounded as base is (__fmul_rn), so alpha is exactly 1 while
+         * the max stands. Fused into one FFMA, scale_log2 * m_i - base is base's rounding error
+         * instead (up to 2^-10 where |base| ~ 2^14, inputs x100): l_i (and O_i, where it cancels)
+         * drifts by that factor on every tile after the max, and L = base ln2 + log(l_i) with it. */
     #pragma unroll
         for (int mt = 0; mt < M_TILES; mt++)
     #pragma unroll
@@ -222,8 +226,8 @@ stage11_wgmma_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
                 for (int nt = 0; nt < KT; nt++) mx = fmaxf(mx, fmaxf(S_ij[mt][nt][2 * h], S_ij[mt][nt][2 * h + 1]));
                 mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1)); /* the quad holds the row */
                 mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
-                const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
-                const float alpha = exp2_approx(m_i[mt][h] * scale_log2 - base);
+                const float base = mx == -INFINITY ? 0.f : __fmul_rn(mx, scale_log2);
+                const float alpha = exp2_approx(__fmul_rn(m_i[mt][h], scale_log2) - base);
                 m_i[mt][h] = mx;
                 float sum = 0.f;
     #pragma unroll
