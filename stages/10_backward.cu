@@ -11,16 +11,16 @@
  *        dV_j += P_ij^T dO_i,  dP_ij = dO_i V_j^T,  dS_ij = P_ij * (dP_ij - D_i)
  *        dK_j += scale dS_ij^T Q_i,  dQ_i += scale dS_ij K_j   (fp32 atomics into HBM)
  *   3. stage10_convert_kernel: dQ from the fp32 accumulator to the input dtype.
- *   With --deterministic (d <= 128) the adds into dQ are put in an order: a head's K/V tiles are
- *   cut into S splits (one wave of blocks: dq_splits), block s of a head takes its split's tiles
- *   one after the other and adds into an fp32 accumulator of its own, and
- *   stage10_convert_splits_kernel sums the S accumulators in order: the same bits on every run,
- *   for S - 1 more accumulators read (FlashAttention-2's deterministic mode). At d = 256, whose
- *   K/V tiles are half as long (dq_kernel_for), the dK/dV kernel skips dQ and stage10_dq_kernel
- *   computes it, parallel over Q tiles with dQ_i in registers, no atomics, at the price of
- *   recomputing S and dP once more; its three products all have queries for rows, so it is laid
- *   out and engineered as stage 9's forward (a warp owns whole rows, end to end).
- *   STAGE10_DQ_KERNEL=1 or 0 in the environment takes one of the two at every d.
+ *   With --deterministic the adds into dQ are put in an order (dq_kernel_for chooses how). Where a
+ *   K/V tile is 128 keys (d <= 128): a head's K/V tiles are cut into S splits (one wave of blocks:
+ *   dq_splits), block s of a head takes its split's tiles one after the other and adds into an
+ *   fp32 accumulator of its own, and stage10_convert_splits_kernel sums the S accumulators in
+ *   order: the same bits on every run, for S - 1 more accumulators read (FlashAttention-2's
+ *   deterministic mode). Where a K/V tile is 64 keys (d = 256), the dK/dV kernel skips dQ and
+ *   stage10_dq_kernel computes it, parallel over Q tiles with dQ_i in registers, no atomics, at the
+ *   price of recomputing S and dP once more; its three products all have queries for rows, so it
+ *   is laid out and engineered as stage 9's forward (a warp owns whole rows, end to end).
+ *   bench/ablations/10_dq_kernel.cu takes the dQ kernel at every d, to time it against the splits.
  * Why this shape: dK_j and dV_j sum over every query, dQ_i over every key; a block can own one of
  *   the two sums and must share the other. FA-2 owns dK, dV (two accumulators on chip) and adds
  *   dQ into HBM. P is recomputed from Q, K and L rather than stored: storing it is N^2 per head,
@@ -49,8 +49,6 @@
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
 namespace {
 
@@ -116,10 +114,10 @@ struct kv_cfg<256> { typedef config_list<kv_tiles<256, 8, 64, 64, 32, 4>,       
  * dV_j: too many registers for warps of 32 whole key rows) and because its third product, dQ, has
  * queries for rows where the other four have keys; the dQ kernel has one accumulator and every
  * product has queries for rows. Per warp and sub-tile, mma per ldmatrix.x4: 3.0 at d = 32 and 64,
- * 2.4 at d = 128, 1.5 at d = 256 (the version with one row tile per warp that this replaces: 1.7,
- * 1.7, 1.7, 1.5). The dK/dV layout mirrored onto dQ (eight warps splitting S and dP, dS through
- * shared memory, dQ split by columns) would get 2.0, 2.4, 2.2 and 1.6 and add dS's stores and a
- * second barrier to every step; the dK/dV kernel itself gets 2.2 at d = 64 and 128.
+ * 2.4 at d = 128, 1.5 at d = 256 (with one row tile per warp it would be 1.7, 1.7, 1.7 and 1.5).
+ * The dK/dV layout mirrored onto dQ (eight warps splitting S and dP, dS through shared memory,
+ * dQ split by columns) would get 2.0, 2.4, 2.2 and 1.6 and add dS's stores and a second barrier
+ * to every step; the dK/dV kernel itself gets 2.2 at d = 64 and 128.
  * A configuration (dq_tiles): WARPS warps of 16 M_TILES rows, so Br = 16 M_TILES WARPS queries;
  * K/V tiles of Bc keys, worked through Bs at a time as in stage 9. A thread holds dQ_i, 16 M_TILES
  * x d / 32 fp32, beside S and dP for a sub-tile, 16 M_TILES x Bs / 32 each (192 registers at
@@ -144,8 +142,8 @@ struct dq_tiles {
 /* Per head dim, fastest first; registers per thread in the comment. The smaller ones trade load
  * reuse for shared memory: a smaller Bc (more barriers per key), then M_TILES = 1 (each K or V
  * fragment feeds one row tile).
- * (Eight warps per block, Br = 256, one block per SM at d = 64 and 128, was timed and not kept:
- * notes/10_backward.md.) */
+ * (Eight warps per block, Br = 256, one block per SM at d = 64 and 128, is slower than two blocks
+ * of four: notes/10_backward.md, "Tried, and why it lost".) */
 template <int HeadDim>
 struct dq_cfg;
 template <>
@@ -249,12 +247,13 @@ stage10_preprocess_kernel(const T *__restrict__ O, const T *__restrict__ dO, con
     }
 }
 
-/* dK_j, dV_j for one K/V tile (and, unless deterministic, this tile's share of dQ).
- * Why three phases: a first version gave each warp 16 keys against the whole Q tile, all in
- * registers (P^T and dS^T never left them), but then every Q or dO fragment a warp loads feeds only
- * two mma, and shared-memory reads were the limit (1.74 mma per ldmatrix.x4 at d = 128). Writing
- * P^T and dS^T to shared memory once lets each phase pick the warp layout that reuses its loads:
- * per step and warp, 144 ldmatrix.x4 feed 320 mma at d = 64 and 128 (2.2). */
+/* dK_j, dV_j for one K/V tile, and, where with_dq, this tile's share of dQ (by atomics, or with
+ * SPLITS into the split's own accumulator).
+ * Why three phases: with each warp on 16 keys against the whole Q tile, all in registers (P^T and
+ * dS^T never leaving them), every Q or dO fragment a warp loads feeds only two mma, and
+ * shared-memory reads are the limit (1.74 mma per ldmatrix.x4 at d = 128). Writing P^T and dS^T
+ * to shared memory once lets each phase pick the warp layout that reuses its loads: per step and
+ * warp, 144 ldmatrix.x4 feed 320 mma at d = 64 and 128 (2.2). */
 template <typename T, class Cfg, bool SPLITS>
 __global__ void __launch_bounds__(Cfg::KV_WARPS * WARP_SIZE)
 stage10_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *__restrict__ V,
@@ -558,7 +557,7 @@ stage10_dkdv_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *_
 }
 
 /* --deterministic: dQ_i for one Q tile, summed over the K/V tiles in order in registers, each warp
- * its own 16 M_TILES rows. It recomputes S and dP (the dK/dV kernel's are gone by now) and writes
+ * its own 16 M_TILES rows. It recomputes S and dP (the dK/dV kernel keeps neither) and writes
  * dQ in the input dtype: no fp32 accumulator in HBM, no atomics, the same bits on every run. The
  * engineering is stage 9's forward's: K_j, V_j double-buffered by cp.async (with the tile loader's
  * per-thread addresses computed once), each lane's ldmatrix addresses computed once and stepped
@@ -803,27 +802,22 @@ __global__ void stage10_convert_splits_kernel(const float *__restrict__ dQ_acc, 
 
 /* How --deterministic computes dQ with dK/dV tiles Cfg (the rule): by the ordered splits where a
  * K/V tile is 128 keys (d <= 128), by the separate dQ kernel (stage10_dq_kernel, parallel over Q
- * tiles) where it is 64 (d = 256), whose adds per product are twice as many and whose splits
- * measured +18 to +21% over the atomic path on the H200 against the dQ kernel's +7 to +13% (note
- * 10, "The adds put in order"). STAGE10_DQ_KERNEL=1 (or 0) in the environment takes the dQ kernel
- * (or the splits) at every d, to time the two. */
-template <class Cfg>
-bool dq_kernel_for(int deterministic)
+ * tiles) where it is 64 (d = 256). With 64-key tiles each key adds twice the dQ bytes per product,
+ * and there the splits cost more over the atomic path than the dQ kernel's two extra products
+ * (notes/10_backward.md). DQ_KERNEL_EVERY_D takes the dQ kernel at every d: the stage's own
+ * descriptor leaves it false, bench/ablations/10_dq_kernel.cu sets it. */
+template <class Cfg, bool DQ_KERNEL_EVERY_D>
+constexpr bool dq_kernel_for(int deterministic)
 {
-    static const int env = [] {
-        const char *e = getenv("STAGE10_DQ_KERNEL");
-        return e && !strcmp(e, "1") ? 1 : e && !strcmp(e, "0") ? 0 : -1;
-    }();
-    return deterministic && (env >= 0 ? env == 1 : Cfg::Bc < 128);
+    return deterministic && (DQ_KERNEL_EVERY_D || Cfg::Bc < 128);
 }
 
 /* --deterministic's splits of a head's K/V tiles (the rule): one wave of dK/dV blocks,
  *   S = min(Tc, max(1, floor(resident blocks / (B * H)))),
  * resident blocks = SMs x the blocks of the kernel an SM holds (the occupancy API; one on an H100
  * or H200 at every d). Every block of the grid then runs from the start to the end, and S
- * accumulators of dQ (fp32, S x B x H x N x d) are what the order costs in memory.
- * STAGE10_DQ_SPLITS=k in the environment takes at most k: with 1, every block sweeps all of its
- * head's tiles, so that a small shape under compute-sanitizer runs the loop over tiles (note 10). */
+ * accumulators of dQ (fp32, S x B x H x N x d) are what the order costs in memory. Where B x H is
+ * over half the resident blocks, S = 1: each block sweeps all of its head's tiles. */
 template <class Cfg>
 int dq_splits(const struct shape *sh, char *why, size_t n)
 {
@@ -834,27 +828,22 @@ int dq_splits(const struct shape *sh, char *why, size_t n)
         if (r < 0) return -1;
         slots = r;
     }
-    static const long long most = [] {
-        const char *e = getenv("STAGE10_DQ_SPLITS");
-        const long long k = e ? atoll(e) : 0;
-        return k >= 1 ? k : LLONG_MAX;
-    }();
     const long long bh = (long long)sh->B * sh->H, Tc = CEIL_DIV(sh->N, Cfg::Bc);
-    return (int)std::min({Tc, std::max(1LL, slots / bh), most});
+    return (int)std::min(Tc, std::max(1LL, slots / bh));
 }
 
 /* The fp32 dQ accumulators a call takes, first in the workspace (workspace_bytes): one per split
  * with --deterministic's splits, else one (the atomic path's; the dQ kernel's call leaves it
  * unused). -1 where the device cannot be asked. */
-template <class Cfg>
+template <class Cfg, bool DQ_KERNEL_EVERY_D>
 int dq_accumulators(const struct attn_args *a, char *why, size_t n)
 {
-    return a->deterministic && !dq_kernel_for<Cfg>(1) ? dq_splits<Cfg>(&a->sh, why, n) : 1;
+    return a->deterministic && !dq_kernel_for<Cfg, DQ_KERNEL_EVERY_D>(1) ? dq_splits<Cfg>(&a->sh, why, n) : 1;
 }
 
-/* The dK/dV kernel with configuration Cfg, and with --deterministic the dQ kernel with Dq (without
- * it, the convert kernel). */
-template <typename T, class Cfg, class Dq>
+/* The dK/dV kernel with configuration Cfg, then: without --deterministic the convert kernel; with
+ * it the splits' convert kernel, or the dQ kernel with Dq where dq_kernel_for says so. */
+template <typename T, class Cfg, class Dq, bool DQ_KERNEL_EVERY_D>
 int launch(const struct attn_args *a, char *why, size_t n)
 {
     constexpr int HeadDim = Cfg::HeadDim;
@@ -866,13 +855,14 @@ int launch(const struct attn_args *a, char *why, size_t n)
     }
     const size_t kv_smem = Cfg::smem_bytes, dq_smem = Dq::smem_bytes;
     /* --deterministic: the splits (stage10_dkdv_kernel<..., true>), or the dQ kernel where chosen */
-    const bool dq_kernel = dq_kernel_for<Cfg>(a->deterministic), splits = a->deterministic && !dq_kernel;
+    const bool dq_kernel = dq_kernel_for<Cfg, DQ_KERNEL_EVERY_D>(a->deterministic);
+    const bool splits = a->deterministic && !dq_kernel;
     if (int rc = splits ? smem_optin(stage10_dkdv_kernel<T, Cfg, true>, kv_smem, HeadDim, why, n)
                         : smem_optin(stage10_dkdv_kernel<T, Cfg, false>, kv_smem, HeadDim, why, n))
         return rc;
     if (dq_kernel)
         if (int rc = smem_optin(stage10_dq_kernel<T, Dq>, dq_smem, HeadDim, why, n)) return rc;
-    const int S = dq_accumulators<Cfg>(a, why, n);
+    const int S = dq_accumulators<Cfg, DQ_KERNEL_EVERY_D>(a, why, n);
     if (S < 0) return ATTN_CUDA_ERROR;
 
     const size_t rows = shape_rows(sh), elems = shape_elems(sh);
@@ -955,33 +945,36 @@ int with_tiles(int d, int deterministic, size_t limit, char *why, size_t n, F &&
     return ATTN_UNSUPPORTED;
 }
 
-template <typename T>
+template <typename T, bool DQ_KERNEL_EVERY_D>
 int dispatch(const struct attn_args *a, char *why, size_t n)
 {
     return with_tiles(a->sh.d, a->deterministic, gpu_smem_limit(), why, n, [&](auto cfg, auto dq) {
-        return launch<T, decltype(cfg), decltype(dq)>(a, why, n);
+        return launch<T, decltype(cfg), decltype(dq), DQ_KERNEL_EVERY_D>(a, why, n);
     });
 }
 
 /* The workspace: the fp32 dQ accumulator (with --deterministic's splits, one per split:
- * dq_splits), then D and L * log2(e) (fp32, one each per row). */
+ * dq_splits), then D and L * log2(e) (fp32, one each per row). Sized for the stage's rule, which
+ * never takes fewer accumulators than the dQ kernel at every d (one), so the ablation fits too. */
 size_t workspace_bytes(const struct attn_args *a)
 {
     const struct shape *sh = &a->sh;
     char why[256];
-    const int S = with_tiles(sh->d, a->deterministic, gpu_smem_limit(), why, sizeof why,
-                             [&](auto cfg, auto) { return dq_accumulators<decltype(cfg)>(a, why, sizeof why); });
+    const int S = with_tiles(sh->d, a->deterministic, gpu_smem_limit(), why, sizeof why, [&](auto cfg, auto) {
+        return dq_accumulators<decltype(cfg), false>(a, why, sizeof why);
+    });
     return 2 * shape_rows(sh) * sizeof(float) + (size_t)std::max(S, 1) * shape_elems(sh) * sizeof(float);
 }
 
 /* The backward's tiles where a block may have `limit` bytes: the dK/dV kernel's, and where
  * --deterministic runs the dQ kernel its tiles (the summary names them). */
+template <bool DQ_KERNEL_EVERY_D>
 int backward_tiles(const struct attn_args *a, size_t limit, struct tile_config *c)
 {
     return with_tiles(a->sh.d, a->deterministic, limit, c->text, sizeof c->text, [&](auto cfg, auto dq) {
         typedef decltype(cfg) Cfg;
         typedef decltype(dq) Dq;
-        const bool dq_kernel = dq_kernel_for<Cfg>(a->deterministic);
+        const bool dq_kernel = dq_kernel_for<Cfg, DQ_KERNEL_EVERY_D>(a->deterministic);
         char dq_words[64] = "";
         if (dq_kernel) snprintf(dq_words, sizeof dq_words, "; dQ Br=%d Bc=%d, %d warps", Dq::Br, Dq::Bc, Dq::WARPS);
         else if (a->deterministic) snprintf(dq_words, sizeof dq_words, "; dQ by ordered splits");
@@ -991,14 +984,15 @@ int backward_tiles(const struct attn_args *a, size_t limit, struct tile_config *
     });
 }
 
+template <bool DQ_KERNEL_EVERY_D>
 int backward(const struct attn_args *a, char *why, size_t n)
 {
     if (a->work == NULL) {
         snprintf(why, n, "needs its workspace (D and the fp32 dQ accumulator) and got none");
         return ATTN_UNSUPPORTED;
     }
-    if (a->dtype == DT_F16) return dispatch<__half>(a, why, n);
-    if (a->dtype == DT_BF16) return dispatch<__nv_bfloat16>(a, why, n);
+    if (a->dtype == DT_F16) return dispatch<__half, DQ_KERNEL_EVERY_D>(a, why, n);
+    if (a->dtype == DT_BF16) return dispatch<__nv_bfloat16, DQ_KERNEL_EVERY_D>(a, why, n);
     snprintf(why, n, "supports fp16 and bf16 (got %s)", dtype_name(a->dtype));
     return ATTN_UNSUPPORTED;
 }
@@ -1008,9 +1002,10 @@ int backward(const struct attn_args *a, char *why, size_t n)
 /* The forward is stage 9's: O and L for the backward come from it. */
 extern "C" const struct stage stage9_desc;
 static int forward(const struct attn_args *a, char *why, size_t n) { return stage9_desc.forward(a, why, n); }
+template <bool DQ_KERNEL_EVERY_D>
 static int tiles_for(const struct attn_args *a, int backward, size_t limit, struct tile_config *c)
 {
-    return backward ? backward_tiles(a, limit, c) : stage9_desc.tiles(a, 0, limit, c);
+    return backward ? backward_tiles<DQ_KERNEL_EVERY_D>(a, limit, c) : stage9_desc.tiles(a, 0, limit, c);
 }
 
 extern "C" const struct stage stage10_desc = {
@@ -1018,7 +1013,7 @@ extern "C" const struct stage stage10_desc = {
     .idea = "FA-2 backward: P recomputed from L, parallel over K/V tiles, dQ accumulated in fp32",
     .device = ON_GPU,
     .forward = forward,
-    .backward = backward,
+    .backward = backward<false>,
     .dims = {32, 64, 128, 256},
     .dtypes = DT_F16 | DT_BF16,
     .workspace_bytes = workspace_bytes,
@@ -1026,5 +1021,5 @@ extern "C" const struct stage stage10_desc = {
     .hbm_traffic = NULL,
     .measures_backward = 1,
     .arch_sm = 0,
-    .tiles = tiles_for,
+    .tiles = tiles_for<false>,
 };
