@@ -89,7 +89,8 @@ bin = stage$(call num,$(1))
 CPU_BINS := $(foreach s,$(CPU_STAGES),$(call bin,$(s)))
 GPU_BINS := $(foreach s,$(GPU_STAGES),$(call bin,$(s)))
 DECODE_BINS := $(foreach s,$(DECODE_STAGES),$(call bin,$(s)))
-GRID_BINS := $(filter-out $(DECODE_BINS),$(GPU_BINS))   # the GPU stages on the benchmark grid
+# the GPU stages on the benchmark grid
+GRID_BINS := $(filter-out $(DECODE_BINS),$(GPU_BINS))
 
 COMMON_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard common/*.c))
 COMMON_OBJS := $(filter-out $(BUILD)/common/main.o,$(COMMON_OBJS))
