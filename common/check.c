@@ -20,6 +20,7 @@
  */
 #include "harness.h"
 #include <math.h>
+#include <stdlib.h>
 
 #define U32 5.9604644775390625e-8 /* 2^-24, fp32 unit roundoff */
 
@@ -121,19 +122,151 @@ void cmp_print(FILE *f, const char *what, const struct cmp *c, const struct shap
             c->got, c->want, c->max_err, c->mean_err, c->tol, c->nonfinite, c->count);
 }
 
-/* Gradients (stage 10 against stage 1 or the fp64 oracle):
- *   |g - g_ref| <= gmax * (8 u_dt + u32 * (2 smax + 4 sqrt(N) + 16)) + floor
- * with gmax = max|g_ref| over the tensor. A reduced-precision backward rounds P and dS to its
- * dtype before the products dV = P^T dO, dK = dS^T Q and dQ = dS K: each term off by u_dt
- * relative, and these sums have terms of both signs, so the error is measured against the
- * gradient's largest magnitude with room for several roundings (P, dS = P (dP - D) with its
- * cancellation, the product) rather than one; the fp32 terms are the forward's.
- * The floor is for gradients that cancel to nothing: at N = 1, P = 1 and dS = dP - D = 0 exactly,
- * so dQ = dK = 0 and gmax = 0, while both sides still round dP and D (each at most
- * d max|dO| max|V|, passed as dov_max = max|dO| max|V|) in fp32: 16 roundings of that, times
- * scale max(|Q|, |K|). */
-double tol_grad(const struct shape *sh, enum dtype dt, double qmax, double kmax, double dov_max, double gmax)
+/* Gradients (stage 10 against stage 1 or the fp64 oracle), row by row. Each element of a
+ * gradient is a sum of terms:
+ *   dQ_ic = scale sum_j dS_ij K_jc,   dK_jc = scale sum_i dS_ij Q_ic,   dV_jc = sum_i P_ij dO_ic,
+ * with dS = P (dP - D), dP = dO V^T, D_i = rowsum(dO_i O_i). A backward in a 16-bit dtype rounds
+ * P and dS to it before these products (stage 10 keeps them in 16-bit shared memory and
+ * registers), takes D from the forward's 16-bit O, and returns the gradient in the dtype. Its
+ * rounding errors are relative to the terms, not to their sum, and the two differ where the sum
+ * cancels: every row of dS sums to 0 (sum_j P_ij dP_ij = D_i), so with every key equal
+ * dQ = scale (sum_j dS_ij) K_0 = 0 exactly, while each term is as large as ever. So a row r of a
+ * gradient (a query's row of dQ, a key's row of dK or dV) is allowed
+ *   |g - g_ref| <= gscale_r * (8 u_dt + u32 * (2 smax + 4 sqrt(N) + 16)) + floor,
+ *   gscale_r = max(max_c |g_ref_rc|, rss_r),
+ * where rss_r is the root-sum-square of the terms an element of row r sums (grad_terms_head):
+ *   - N terms each rounded (relative error up to u_dt, signs independent) add up to an error of
+ *     about u_dt rss / sqrt(3), a random walk, not u_dt sum|terms|; where the roundings act
+ *     together instead (an error in L_i scales row i of P, the result's own rounding), the error
+ *     is relative to the result, up to u_dt max|g_ref|. The larger of the two covers either; 8
+ *     leaves room for several roundings per term (P or dS, the product) and for the largest of
+ *     a row's errors, a few deviations out. With stage 10's roundings emulated on the CPU
+ *     (tests/test_adversarial.c: N 2 to 1000, d = 64, fp16 and bf16, random and equal keys),
+ *     the worst error of a row came to 1.7 u_dt gscale_r, a fifth of the allowance;
+ *   - the fp32 terms are the forward's: a score off by u32 |S_ij| moves P_ij, and each term,
+ *     by that much relatively; sums over N in fp32 round like sqrt(N) u32;
+ *   - the floor covers the fp32 rounding of dP and D, which both sides do in their own order
+ *     and which survives cancellation (at N = 1, P = 1 and dS = dP - D = 0 exactly, so
+ *     dQ = dK = 0): each is at most d max|dO| max|V| (dov_max = max|dO| max|V|),
+ *     16 roundings of that, times scale max(|Q|, |K|) (sum_j P_ij = 1 carries it into dQ).
+ * rss_r is taken as max|other operand| times the norm of a row or column of dS or P:
+ *   dQ_i: scale max|K| |dS_i.|,   dK_j: scale max|Q| |dS_.j|,   dV_j: max|dO| |P_.j|,
+ * at most max|K| / rms|K| above each element's own (1.7 for uniform inputs). In fp16 each P_ij and
+ * dS_ij counts as at least 2^-14, fp16's smallest normal: below it fp16 rounds to a multiple of
+ * 2^-24, an error of up to 2^-25 = u_dt 2^-14 (P_ij ~ 1/N is there from N ~ 16k). D_i counts as terms
+ * of its own: computed from the rounded O_i, it moves every dS_ij of row i by P_ij dD_i, which
+ * adds up to dD_i over the row (sum_j P_ij = 1) where dS_ij's own roundings partly cancel; its
+ * terms dO_ic O_ic join row i's sum for dQ_i and, times P_ij, column j's for dK_j.
+ * Tight enough to fail a wrong gradient: one term of typical size dropped from a row's N is about
+ * rss_r / sqrt(N), against an allowance of 8 u_dt rss_r (rss_r / 256 in fp16, / 32 in bf16), so
+ * it fails up to N ~ 64k in fp16 and ~1k in bf16; past that it is smaller than the dtype's own
+ * rounding noise. The maxima (Q, K, dO, V, smax) are the head's. */
+double tol_grad(const struct shape *sh, enum dtype dt, double qmax, double kmax, double dov_max, double gscale)
 {
     double floor = 16 * U32 * sh->scale * fmax(qmax, kmax) * sh->d * dov_max;
-    return gmax * (8 * unit_roundoff(dt) + fp32_terms(sh, qmax, kmax)) + floor;
+    return gscale * (8 * unit_roundoff(dt) + fp32_terms(sh, qmax, kmax)) + floor;
+}
+
+/* rss of head (b, h), from the fp64 forward of each row (P, O_i, D_i) and dS = P (dP - D): the
+ * row norms of dS (with D_i's terms) for dQ, the column norms of dS (with P_ij times D_i's) for
+ * dK and of P for dV, each value of P and dS taken as at least the magnitude whose rounding in dt
+ * it has. O(N^2 d), as a backward; OpenMP over the rows. */
+void grad_terms_head(const struct shape *sh, enum dtype dt, const float *Q, const float *K, const float *V,
+                     const float *dO, int b, int h, double *rss)
+{
+    /* below 2^-14, fp16 rounds as if the value were 2^-14 (above) */
+    const double tiny = dt == DT_F16 ? 1.0 / 16384 : 0;
+    const int N = sh->N, d = sh->d;
+    const size_t off = idx4(sh, b, h, 0, 0), nd = (size_t)N * d;
+    const float *Qh = Q + off, *Kh = K + off, *Vh = V + off, *dOh = dO + off;
+    const double qmax = max_abs(Qh, nd), kmax = max_abs(Kh, nd), gomax = max_abs(dOh, nd);
+    double *rowQ = rss, *colK = rss + N, *colV = rss + 2 * (size_t)N;
+    for (size_t k = 0; k < 3 * (size_t)N; k++) rss[k] = 0;
+#pragma omp parallel
+    {
+        double *s = malloc(sizeof(double) * (size_t)N), *o = malloc(sizeof(double) * (size_t)d);
+        double *cK = calloc((size_t)N, sizeof(double)), *cV = calloc((size_t)N, sizeof(double));
+#pragma omp for schedule(dynamic, 16)
+        for (int i = 0; i < N; i++) {
+            const float *q = Qh + (size_t)i * d, *g = dOh + (size_t)i * d;
+            const int kend = sh->causal ? i + 1 : N;
+            double m = -INFINITY, l = 0, Di = 0, e = 0;
+            for (int j = 0; j < kend; j++) { /* S_ij and the row max */
+                const float *k = Kh + (size_t)j * d;
+                double dot = 0;
+                for (int c = 0; c < d; c++) dot += (double)q[c] * k[c];
+                s[j] = dot * sh->scale;
+                if (s[j] > m) m = s[j];
+            }
+            for (int c = 0; c < d; c++) o[c] = 0;
+            for (int j = 0; j < kend; j++) { /* P_ij (not yet normalized) and O_i */
+                s[j] = exp(s[j] - m);
+                l += s[j];
+                const float *v = Vh + (size_t)j * d;
+                for (int c = 0; c < d; c++) o[c] += s[j] * v[c];
+            }
+            for (int c = 0; c < d; c++) { /* D_i and its terms, squared */
+                const double t = g[c] * (o[c] / l);
+                Di += t, e += t * t;
+            }
+            double sq = e;
+            for (int j = 0; j < kend; j++) { /* dS_ij = P_ij (dP_ij - D_i) */
+                const float *v = Vh + (size_t)j * d;
+                double dP = 0;
+                for (int c = 0; c < d; c++) dP += (double)g[c] * v[c];
+                const double P = fmax(s[j] / l, tiny), dS = fmax(fabs(s[j] / l * (dP - Di)), tiny);
+                sq += dS * dS, cK[j] += dS * dS + P * P * e, cV[j] += P * P;
+            }
+            rowQ[i] = sh->scale * kmax * sqrt(sq);
+        }
+#pragma omp critical
+        for (int j = 0; j < N; j++) colK[j] += cK[j], colV[j] += cV[j];
+        free(s), free(o), free(cK), free(cV);
+    }
+    for (int j = 0; j < N; j++) colK[j] = sh->scale * qmax * sqrt(colK[j]), colV[j] = gomax * sqrt(colV[j]);
+}
+
+/* got is past the allowance by this factor (above 1: fails) */
+static double excess(double err, double tol) { return tol > 0 ? err / tol : err > 0 ? INFINITY : 0; }
+
+void compare_grad_head(const struct shape *sh, enum dtype dt, const float *Q, const float *K, const float *V,
+                       const float *dO, int b, int h, const float *const got[3], const double *const want[3],
+                       int ref_fp32, struct cmp c[3], int first)
+{
+    const int N = sh->N, d = sh->d;
+    const size_t off = idx4(sh, b, h, 0, 0), nd = (size_t)N * d;
+    const double qmax = max_abs(Q + off, nd), kmax = max_abs(K + off, nd);
+    const double dov = max_abs(dO + off, nd) * max_abs(V + off, nd);
+    double *rss = malloc(sizeof(double) * 3 * (size_t)(N > 0 ? N : 1));
+    grad_terms_head(sh, dt, Q, K, V, dO, b, h, rss);
+    for (int t = 0; t < 3; t++) {
+        struct cmp a = first ? (struct cmp){.pass = 1} : c[t];
+        double worst_x = first ? -1 : excess(fabs(a.got - a.want), a.tol), sum = a.mean_err * a.count;
+        for (int r = 0; r < N; r++) {
+            const float *g = got[t] + off + (size_t)r * d;
+            const double *w = want[t] + (size_t)r * d;
+            double gmax = 0;
+            for (int k = 0; k < d; k++) gmax = fmax(gmax, fabs(w[k]));
+            const double gscale = fmax(gmax, rss[t * (size_t)N + r]);
+            const double tol = tol_grad(sh, dt, qmax, kmax, dov, gscale) +
+                               (ref_fp32 ? tol_grad(sh, DT_F32, qmax, kmax, dov, gscale) : 0);
+            for (int k = 0; k < d; k++) {
+                const size_t at = off + (size_t)r * d + k;
+                if (!isfinite(g[k])) {
+                    if (!a.nonfinite++) a.worst = at, a.got = g[k], a.want = w[k], a.tol = tol;
+                    a.pass = 0;
+                    continue;
+                }
+                const double err = fabs((double)g[k] - w[k]), x = excess(err, tol);
+                sum += err;
+                if (err > a.max_err) a.max_err = err;
+                if (x > 1) a.pass = 0;
+                if (!a.nonfinite && x > worst_x) worst_x = x, a.worst = at, a.got = g[k], a.want = w[k], a.tol = tol;
+            }
+        }
+        a.count += nd;
+        a.mean_err = a.count ? sum / a.count : 0;
+        c[t] = a;
+    }
+    free(rss);
 }

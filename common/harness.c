@@ -138,13 +138,15 @@ int check_backward(const struct shape *sh, enum dtype dt, const float *Q, const 
                    const float *dO, const float *dQ, const float *dK, const float *dV, double *max_err, FILE *log,
                    char *what, size_t what_n)
 {
-    const size_t n = shape_elems(sh);
-    const double qmax = max_abs(Q, n), kmax = max_abs(K, n), dov = max_abs(dO, n) * max_abs(V, n);
+    const size_t n = shape_elems(sh), nd = (size_t)sh->N * sh->d;
     const float *got[3] = {dQ, dK, dV};
     static const char *names[3] = {"dQ", "dK", "dV"};
     struct cmp c[3];
     const char *ref;
+    double *want[3] = {xmalloc(nd * sizeof(double)), xmalloc(nd * sizeof(double)), xmalloc(nd * sizeof(double))};
     double macs = (double)sh->B * sh->H * sh->N * sh->N * sh->d;
+    /* each head row by row, each row against the allowance of its own terms (compare_grad_head,
+     * the rule in common/check.c) */
     if (macs <= (double)CHECK_WHOLE_MAX_MACS) {
         /* every element, against stage 1's forward and backward in fp32 (stage 1's backward is
          * itself checked against the fp64 oracle and finite differences in the tests) */
@@ -159,22 +161,20 @@ int check_backward(const struct shape *sh, enum dtype dt, const float *Q, const 
             fprintf(stderr, "reference failed: %s\n", why);
             exit(EXIT_CHECK_FAILED);
         }
-        double *want = xmalloc(n * sizeof(double));
-        for (int t = 0; t < 3; t++) {
-            for (size_t k = 0; k < n; k++) want[k] = g1[t][k];
-            /* both sides carry rounding: the stage's allowance plus stage 1's (fp32) */
-            const double gmax = max_abs(g1[t], n);
-            c[t] = compare(got[t], want, n, tol_grad(sh, dt, qmax, kmax, dov, gmax) + tol_grad(sh, DT_F32, qmax, kmax, dov, gmax));
-            free(g1[t]);
-        }
-        free(want), free(O1), free(L1);
+        for (int b = 0; b < sh->B; b++)
+            for (int h = 0; h < sh->H; h++) {
+                for (int t = 0; t < 3; t++)
+                    for (size_t k = 0; k < nd; k++) want[t][k] = g1[t][idx4(sh, b, h, 0, 0) + k];
+                /* both sides carry rounding: the stage's allowance plus stage 1's (fp32) */
+                compare_grad_head(sh, dt, Q, K, V, dO, b, h, got, (const double *const *)want, 1, c, b == 0 && h == 0);
+            }
+        for (int t = 0; t < 3; t++) free(g1[t]);
+        free(O1), free(L1);
     } else {
         /* the first and the last head, whole, against the fp64 oracle, and a head from the middle
          * chosen afresh each run (the summary says which), so that a head-indexing bug between the
          * two ends cannot pass every run */
         ref = "fp64 oracle, first, last and one middle head";
-        const size_t nd = (size_t)sh->N * sh->d;
-        double *want[3] = {xmalloc(nd * sizeof(double)), xmalloc(nd * sizeof(double)), xmalloc(nd * sizeof(double))};
         const int BH = sh->B * sh->H;
         int heads[3] = {0, BH - 1, 0}, n_heads = BH > 1 ? 2 : 1;
         if (BH > 2) {
@@ -184,14 +184,7 @@ int check_backward(const struct shape *sh, enum dtype dt, const float *Q, const 
         for (int e = 0; e < n_heads; e++) {
             const int b = heads[e] / sh->H, h = heads[e] % sh->H;
             oracle_backward_head(sh, Q, K, V, dO, b, h, want[0], want[1], want[2]);
-            for (int t = 0; t < 3; t++) {
-                double gmax = 0;
-                for (size_t k = 0; k < nd; k++) gmax = fabs(want[t][k]) > gmax ? fabs(want[t][k]) : gmax;
-                struct cmp one = compare(got[t] + idx4(sh, b, h, 0, 0), want[t], nd, tol_grad(sh, dt, qmax, kmax, dov, gmax));
-                one.worst += idx4(sh, b, h, 0, 0);
-                if (e == 0) c[t] = one;
-                else cmp_merge(&c[t], &one);
-            }
+            compare_grad_head(sh, dt, Q, K, V, dO, b, h, got, (const double *const *)want, 0, c, e == 0);
         }
         if (what) {
             int k = snprintf(what, what_n, "fp64 oracle on heads");
@@ -199,8 +192,8 @@ int check_backward(const struct shape *sh, enum dtype dt, const float *Q, const 
                 k += snprintf(what + k, what_n - k, "%s %d", e ? "," : "", heads[e]);
             if (k > 0 && (size_t)k < what_n) snprintf(what + k, what_n - k, " of %d", BH);
         }
-        for (int t = 0; t < 3; t++) free(want[t]);
     }
+    for (int t = 0; t < 3; t++) free(want[t]);
     int pass = 1;
     *max_err = 0;
     for (int t = 0; t < 3; t++) {

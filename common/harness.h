@@ -101,8 +101,23 @@ void cmp_print(FILE *f, const char *what, const struct cmp *c, const struct shap
  * reasoning are written beside the definition in check.c. */
 double tol_output(const struct shape *sh, enum dtype dt, double qmax, double kmax, double vmax);
 double tol_lse(const struct shape *sh, enum dtype dt, double qmax, double kmax);
-/* The allowed error of a gradient (dQ, dK or dV) whose reference has largest magnitude gmax. */
-double tol_grad(const struct shape *sh, enum dtype dt, double qmax, double kmax, double dov_max, double gmax);
+/* The allowed error of one row of a gradient (dQ, dK or dV): gscale is the larger of the row's
+ * largest reference element and the root-sum-square of the terms its elements sum (check.c says
+ * why). */
+double tol_grad(const struct shape *sh, enum dtype dt, double qmax, double kmax, double dov_max, double gscale);
+/* rss[0 .. 3N): for each row of head (b, h)'s dQ, then dK, then dV, the root-sum-square of the
+ * terms an element of that row sums (a bound from the rows and columns of dS and P), as a
+ * backward in dt rounds them; fp64, O(N^2 d). Self-attention shapes only, as the backward. */
+void grad_terms_head(const struct shape *sh, enum dtype dt, const float *Q, const float *K, const float *V,
+                     const float *dO, int b, int h, double *rss);
+/* Compare head (b, h) of got[t] (dQ, dK, dV: whole tensors) with want[t] (that head's [N, d], fp64)
+ * row by row, each row against its own tol_grad; ref_fp32: want is itself an fp32 computation
+ * (stage 1), whose allowance is added. Folds the head into c[t] (first: starts them): the worst
+ * element is the one furthest past its row's allowance, tol that allowance; max_err the largest
+ * error. */
+void compare_grad_head(const struct shape *sh, enum dtype dt, const float *Q, const float *K, const float *V,
+                       const float *dO, int b, int h, const float *const got[3], const double *const want[3],
+                       int ref_fp32, struct cmp c[3], int first);
 double max_abs(const float *x, size_t n);
 
 /* ---- timing (timing.c) ---- */
