@@ -31,6 +31,7 @@
 #include "common/cuda/defs.cuh"
 #include "common/cuda/launch.cuh"
 #include "common/cuda/mma.cuh"
+#include "common/cuda/softmax.cuh"
 #include "common/cuda/tma.cuh"
 #include "common/cuda/wgmma.cuh"
 
@@ -156,7 +157,6 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
     uint64_t *Q_full = (uint64_t *)(smem + Tiles::Q_full); /* Q_i has landed */
 
     const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
-    const int g = lane >> 2, t = lane & 3;      /* groupID, tid_in_group (see mma.cuh) */
     const int wg = tid / WARPGROUP;             /* this thread's warpgroup: rows 64 wg .. 64 wg + 63;
                                                  * NWARPGROUPS: the producer */
     const int row0 = warp * Tiles::ROWS_PER_WARP;  /* this warp's rows of Q_i, O_i (warp w of warpgroup
@@ -307,63 +307,19 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
     auto softmax = [&](float (&S_ij)[M_TILES][KT][4], int key0, float (&alpha)[M_TILES][2]) {
         /* Masks, only on the tiles that need them: the tail tile (keys past N) and, when causal,
          * the tiles that cross the diagonal (some key after some query of this tile). */
-        if (key0 + Bc > N || (causal && key0 + Bc - 1 > q0)) {
-    #pragma unroll
-            for (int mt = 0; mt < M_TILES; mt++)
-    #pragma unroll
-                for (int nt = 0; nt < KT; nt++)
-    #pragma unroll
-                    for (int c = 0; c < 4; c++) {
-                        const int key = key0 + nt * 8 + 2 * t + (c & 1);
-                        const int query = q0 + row0 + mt * 16 + 8 * (c >> 1) + g;
-                        if (key >= N || (causal && key > query)) S_ij[mt][nt][c] = -INFINITY;
-                    }
-        }
+        if (key0 + Bc > N || (causal && key0 + Bc - 1 > q0)) mask_scores(S_ij, key0, q0 + row0, N, causal);
 
-        /* The online softmax per row, in registers (stage 8's, with the scale folded in):
-         *   m_new = max(m_i, rowmax(S_ij));  base = scale * m_new * log2(e)
-         *   P_ij  = exp2(scale_log2 * S_ij - base)          one FFMA and one MUFU per score
-         *   alpha = exp2(scale_log2 * m_i - base);  l_i = alpha l_i + rowsum(P_ij);  (O_i *= alpha)
-         * A row masked so far has m_new = -inf: base = 0, so P_ij = exp2(-inf) = 0, not NaN. */
-    #pragma unroll
-        for (int mt = 0; mt < M_TILES; mt++)
-    #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                float mx = m_i[mt][h];
-    #pragma unroll
-                for (int nt = 0; nt < KT; nt++) mx = fmaxf(mx, fmaxf(S_ij[mt][nt][2 * h], S_ij[mt][nt][2 * h + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1)); /* the quad holds the row */
-                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
-                const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
-                alpha[mt][h] = exp2_approx(m_i[mt][h] * scale_log2 - base);
-                m_i[mt][h] = mx;
-                float sum = 0.f;
-    #pragma unroll
-                for (int nt = 0; nt < KT; nt++) {
-                    const float p0 = exp2_approx(fmaf(S_ij[mt][nt][2 * h], scale_log2, -base));
-                    const float p1 = exp2_approx(fmaf(S_ij[mt][nt][2 * h + 1], scale_log2, -base));
-                    S_ij[mt][nt][2 * h] = p0, S_ij[mt][nt][2 * h + 1] = p1;
-                    sum += p0 + p1;
-                }
-                l_i[mt][h] = alpha[mt][h] * l_i[mt][h] + sum;
-                if constexpr (!OVERLAP) /* O_i is ours: rescaled here, row by row */
-    #pragma unroll
-                    for (int nt = 0; nt < DT; nt++) O_acc[mt][nt][2 * h] *= alpha[mt][h], O_acc[mt][nt][2 * h + 1] *= alpha[mt][h];
-                if (t == 0 && q0 + row0 + mt * 16 + 8 * h + g < N) tally.add(CNT_ROW_CORRECT);
-            }
+        /* The online softmax (softmax.cuh): S_ij -> P_ij in place, m_i and l_i updated, alpha
+         * returned; O_i *= alpha here only where nothing still adds into O_i (not OVERLAP) */
+        online_softmax(S_ij, m_i, l_i, alpha, scale_log2);
+        if constexpr (!OVERLAP) scale_rows(O_acc, alpha);
+        count_rows<M_TILES>(tally, CNT_ROW_CORRECT, q0 + row0, N);
     };
 
     /* O_i *= alpha, then P_ij packed into 16-bit A fragments: two n8 key tiles' C layout is one
      * k16 step's A layout (wgmma.cuh) */
     auto rescale_pack = [&](const float (&S_ij)[M_TILES][KT][4], const float (&alpha)[M_TILES][2]) {
-        if constexpr (OVERLAP)
-#pragma unroll
-            for (int mt = 0; mt < M_TILES; mt++)
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-#pragma unroll
-                    for (int nt = 0; nt < DT; nt++)
-                        O_acc[mt][nt][2 * h] *= alpha[mt][h], O_acc[mt][nt][2 * h + 1] *= alpha[mt][h];
+        if constexpr (OVERLAP) scale_rows(O_acc, alpha);
 #pragma unroll
         for (int kb = 0; kb < Bc / 16; kb++) {
             P_ij[kb][0] = M::pack(S_ij[0][2 * kb][0], S_ij[0][2 * kb][1]);
@@ -461,31 +417,8 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
                                             * warp overwrites its rows before every warp of its
                                             * warpgroup is past its last wgmma (a barrier of the
                                             * warpgroup alone: the producer has left) */
-#pragma unroll
-    for (int mt = 0; mt < M_TILES; mt++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            float sum = l_i[mt][h];
-            sum += __shfl_xor_sync(FULL_MASK, sum, 1);
-            sum += __shfl_xor_sync(FULL_MASK, sum, 2);
-            const float inv_l = sum > 0.f ? 1.f / sum : 0.f; /* an all-masked row gives O = 0 */
-            const int r = row0 + mt * 16 + 8 * h + g, query = q0 + r;
-            if (t == 0 && query < N) {
-                tally.add(CNT_ROW_NORMALIZE);
-                L[query] = m_i[mt][h] * scale_log2 * LN2 + logf(sum);
-            }
-#pragma unroll
-            for (int nt = 0; nt < DT; nt++)
-                *(uint32_t *)&Q_i[sw128<Br>(r, nt) + 2 * t] =
-                    M::pack(O_acc[mt][nt][2 * h] * inv_l, O_acc[mt][nt][2 * h + 1] * inv_l);
-        }
-    __syncwarp(); /* this warp's O rows in shared memory before its lanes copy them out */
-    constexpr int CHUNKS = HeadDim / 8;
-    for (int c = lane; c < Tiles::ROWS_PER_WARP * CHUNKS; c += WARP_SIZE) {
-        const int r = row0 + c / CHUNKS, chunk = c % CHUNKS, query = q0 + r;
-        if (query < N)
-            *(uint4 *)&O[(size_t)query * HeadDim + chunk * 8] = *(const uint4 *)&Q_i[sw128<Br>(r, chunk)];
-    }
+    normalize_rows(O_acc, m_i, l_i, L, q0 + row0, N, scale_log2, tally);
+    store_rows_sw128<Br, HeadDim>(O_acc, Q_i, O, q0, row0, N);
     if (wg == 0) turn_begin(); /* the turn the last warpgroup handed over, which nobody takes (the counts) */
     tally.flush(counters);
 }

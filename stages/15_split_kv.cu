@@ -40,6 +40,7 @@
 #include "common/cuda/defs.cuh"
 #include "common/cuda/launch.cuh"
 #include "common/cuda/mma.cuh"
+#include "common/cuda/softmax.cuh"
 #include "common/cuda/swizzle.cuh"
 
 #include <algorithm>
@@ -342,33 +343,11 @@ stage15_split_kernel(const T *__restrict__ Q, const T *__restrict__ K, const T *
                     if (key0 + nt * 8 + 2 * t + (c & 1) > last_key[c >> 1]) S_ij[nt][c] = -INFINITY;
         }
 
-        /* The online softmax per row, as stage 9's:
-         *   m_new = max(m_i, rowmax(S_ij));  base = scale * m_new * log2(e)
-         *   P_ij  = exp2(scale_log2 * S_ij - base);  alpha = exp2(scale_log2 * m_i - base)
-         *   l_i = alpha l_i + rowsum(P_ij);  O_i *= alpha
-         * A row that has seen only masked keys keeps m = -inf: base = 0, P_ij = 0, not NaN. */
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            float mx = m_i[h];
-#pragma unroll
-            for (int nt = 0; nt < KT; nt++) mx = fmaxf(mx, fmaxf(S_ij[nt][2 * h], S_ij[nt][2 * h + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1)); /* the quad holds the row */
-            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
-            const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
-            const float alpha = exp2_approx(m_i[h] * scale_log2 - base);
-            m_i[h] = mx;
-            float sum = 0.f;
-#pragma unroll
-            for (int nt = 0; nt < KT; nt++) {
-                const float p0 = exp2_approx(fmaf(S_ij[nt][2 * h], scale_log2, -base));
-                const float p1 = exp2_approx(fmaf(S_ij[nt][2 * h + 1], scale_log2, -base));
-                S_ij[nt][2 * h] = p0, S_ij[nt][2 * h + 1] = p1;
-                sum += p0 + p1;
-            }
-            l_i[h] = alpha * l_i[h] + sum;
-#pragma unroll
-            for (int nt = 0; nt < DT; nt++) O_acc[nt][2 * h] *= alpha, O_acc[nt][2 * h + 1] *= alpha;
-        }
+        /* The online softmax (common/cuda/softmax.cuh), as stage 9's: S_ij -> P_ij in place, m_i and
+         * l_i updated; O_i *= alpha. A row that has seen only masked keys keeps m = -inf, P_ij = 0. */
+        float alpha[2];
+        online_softmax(S_ij, m_i, l_i, alpha, scale_log2);
+        scale_rows(O_acc, alpha);
 
         /* O_i += P_ij V_j over this warp's keys, one k16 step at a time, P_ij packed from the C layout
          * of two n8 key tiles into one A fragment (mma.cuh) */
