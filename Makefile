@@ -22,11 +22,15 @@ MAKEFLAGS += --no-builtin-rules
 CC ?= cc
 NVCC ?= nvcc
 CFLAGS ?= -O2 -Wall -Wextra
-# make runs a job per core unless told otherwise (make -j1: one at a time; a -j on the command line
-# wins). Not when cleaning: make clean all would race the build it cleans.
+# make runs a job per core unless told otherwise (a -j on the command line wins; -j1: one at a
+# time). Several goals run side by side too, so that is for one goal, or for goals that only build:
+# make clean all would race the build it cleans, make test bench time kernels under the suite.
 NPROC := $(shell nproc 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null || echo 2)
-ifeq ($(MAKELEVEL)$(filter -j%,$(MAKEFLAGS))$(filter clean,$(MAKECMDGOALS)),0)
+PARALLEL_GOALS := all test plots deps ablations tests/attn_tests stage% diff%
+ifeq ($(MAKELEVEL)$(filter -j%,$(MAKEFLAGS)),0)
+ifeq ($(if $(word 2,$(MAKECMDGOALS)),$(filter-out $(PARALLEL_GOALS),$(MAKECMDGOALS))),)
 MAKEFLAGS += -j$(NPROC)
+endif
 endif
 # The GPU architectures the GPU stages are compiled for, oldest first: machine code (SASS) for
 # each, and the PTX of the last one too, which the driver JIT-compiles for a GPU newer than any
@@ -236,7 +240,7 @@ tests/attn_tests: $(TEST_OBJS) $(STAGE_OBJS) $(COMMON_OBJS) $(if $(HAVE_NVCC),$(
 # The suite runs the stage binaries too (command-line cases), so it needs them built.
 # tests/diff_noise.sh: every make diffN shows its idea, not a renaming (at most 8 lines each).
 test: all
-	./tests/attn_tests --jobs=$(or $(JOBS),$(NPROC))
+	./tests/attn_tests --jobs=$(or $(JOBS),2)
 	@tests/diff_noise.sh
 
 # ---- GPU-only targets ----
