@@ -222,7 +222,10 @@ stage9_pipelined_kernel(const T *__restrict__ Q, const T *__restrict__ K, const 
              *   m_new = max(m_i, rowmax(S_ij));  base = scale * m_new * log2(e)
              *   P_ij  = exp2(scale_log2 * S_ij - base)          one FFMA and one MUFU per score
              *   alpha = exp2(scale_log2 * m_i - base);  l_i = alpha l_i + rowsum(P_ij);  O_i *= alpha
-             * A row masked so far has m_new = -inf: base = 0, so P_ij = exp2(-inf) = 0, not NaN. */
+             * A row masked so far has m_new = -inf: base = 0, so P_ij = exp2(-inf) = 0, not NaN.
+             * The two products scale_log2 * m are each rounded once, alike (__fmul_rn), so that alpha
+             * is exactly 1 while the max stands; fused into one FFMA, scale_log2 * m_i - base would
+             * be base's rounding error (up to 2^-10 at inputs x100), and l_i would drift by it. */
     #pragma unroll
             for (int mt = 0; mt < M_TILES; mt++)
     #pragma unroll
@@ -232,8 +235,8 @@ stage9_pipelined_kernel(const T *__restrict__ Q, const T *__restrict__ K, const 
                     for (int nt = 0; nt < KT; nt++) mx = fmaxf(mx, fmaxf(S_ij[mt][nt][2 * h], S_ij[mt][nt][2 * h + 1]));
                     mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1)); /* the quad holds the row */
                     mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
-                    const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
-                    const float alpha = exp2_approx(m_i[mt][h] * scale_log2 - base);
+                    const float base = mx == -INFINITY ? 0.f : __fmul_rn(mx, scale_log2);
+                    const float alpha = exp2_approx(__fmul_rn(m_i[mt][h], scale_log2) - base);
                     m_i[mt][h] = mx;
                     float sum = 0.f;
     #pragma unroll

@@ -54,7 +54,7 @@ static int smem_optin(Kernel *kernel, size_t bytes, int d, char *why, size_t n)
 
 /* How many blocks of `kernel` (`threads` a block, `bytes` of dynamic shared memory, opted in here)
  * the whole device runs at once: its SMs times the blocks one SM holds (the occupancy API; at least
- * one). The split rules of stages 10 and 14 size one wave of blocks by it. -1 with the reason in
+ * one). The split rules of stages 10 and 15 size one wave of blocks by it. -1 with the reason in
  * why when the device cannot be asked. */
 template <typename Kernel>
 static int resident_blocks_of(Kernel *kernel, int threads, size_t bytes, int d, char *why, size_t n)
