@@ -3,7 +3,8 @@
 # built by `make ablations`) timed beside its stage, in one run, over the benchmark grid's shapes
 # (16k tokens per batch, hidden 2048), each shape's pair back to back, the pair ROUNDS times in
 # alternating order. Every row is checked (a sample of heads and rows, as the stages' own runs).
-# Rows go to bench/data/runs/<gpu>_ablations.csv, the stage's column naming the ablation
+# A program that refuses a shape (exit 2: the decode stage's ablation takes at most 64 queries) is
+# skipped there. Rows go to bench/data/runs/<gpu>_ablations.csv, the stage's column naming the ablation
 # ("stage13-no-overlap"); then one line per shape: the ablation's median time over the stage's,
 # from this run's rows. Run through `make ablate` on a machine with a GPU.
 # Environment: ABLATIONS ("13_no_overlap 14_one_section"; default every one built), SEQLENS, DIMS,
@@ -39,8 +40,10 @@ for a in $ABLATIONS; do
   [ -x "$prog" ] || { echo "ablate: $prog is not built (make ablations)" >&2; exit 2; }
   n=${a%%_*}; stage="./stage$((10#$n))"
   [ -x "$stage" ] || { echo "ablate: $stage is not built" >&2; exit 2; }
+  # stage 10's ablation changes how --deterministic adds dQ: both run with it
+  extra=(); case $a in 10_*) extra=(--deterministic) ;; esac
   for t in $DTYPES; do for d in $DIMS; do for N in $SEQLENS; do for c in $CAUSAL; do
-    args=(--batch $((16384 / N)) --heads $((2048 / d)) --seqlen "$N" --dim "$d" --dtype "$t" --warmup "$WARMUP" --iters "$ITERS")
+    args=(--batch $((16384 / N)) --heads $((2048 / d)) --seqlen "$N" --dim "$d" --dtype "$t" --warmup "$WARMUP" --iters "$ITERS" "${extra[@]}")
     [ "$c" = 1 ] && args+=(--causal)
     for ((r = 0; r < ROUNDS; r++)); do
       if ((r % 2 == 0)); then run "$stage" "${args[@]}"; run "$prog" "${args[@]}";
