@@ -251,10 +251,12 @@ SANITIZE_FLAG_stage10 := --deterministic
 SANITIZE_SHAPES = "--seqlen 1 --dim 64" "--seqlen 100 --dim 64 --causal $(SANITIZE_FLAG)" "--seqlen 77 --dim 128" \
                   "--seqlen 130 --dim 128 --causal --batch 2 --heads 3"
 # stages that take more than the shapes above name their extra shapes here
+# (the last: more heads than SMs, so --deterministic cuts each head's K/V tiles into one split and
+# every dK/dV block sweeps several tiles)
 SANITIZE_SHAPES_stage10 := "--seqlen 130 --dim 128 --dtype bf16 --deterministic" "--seqlen 200 --dim 128 --dtype bf16 --causal" \
                           "--seqlen 1000 --dim 64" "--seqlen 150 --dim 32 --causal" "--seqlen 77 --dim 256 --deterministic" \
                           "--seqlen 200 --dim 256 --dtype bf16 --causal" "--seqlen 90 --dim 64 --dtype bf16 --deterministic" \
-                          "--seqlen 150 --dim 32 --dtype bf16"
+                          "--seqlen 150 --dim 32 --dtype bf16" "--seqlen 300 --dim 64 --causal --deterministic --heads 140"
 SANITIZE_SHAPES_stage9 := "--seqlen 200 --dim 32 --dtype bf16 --causal" "--seqlen 130 --dim 256" \
                           "--seqlen 300 --dim 128 --dtype bf16"
 SANITIZE_SHAPES_stage11 := "--seqlen 200 --dim 64 --dtype bf16 --causal" "--seqlen 130 --dim 256" \
