@@ -16,8 +16,7 @@ void test_label(const struct test_case *tc, char *buf, size_t n)
                      sh->d, sh->causal ? "causal" : "full", dtype_name(tc->dtype), tc->amplitude);
     if (!shape_is_self(sh) && k > 0 && (size_t)k < n) /* the KV cache, where it is not the queries' own */
         k += snprintf(buf + k, n - k, " Hkv=%d Nkv=%d", shape_kv_heads(sh), shape_kv_len(sh));
-    if (sh->splits && k > 0 && (size_t)k < n) k += snprintf(buf + k, n - k, " splits=%d", sh->splits);
-    if (tc->env[0] && k > 0 && (size_t)k < n) snprintf(buf + k, n - k, " %s", tc->env);
+    if (sh->splits && k > 0 && (size_t)k < n) snprintf(buf + k, n - k, " splits=%d", sh->splits);
 }
 
 struct shape test_kv_shape(int B, int H, int H_kv, int N, int N_kv, int d, int causal)

@@ -18,8 +18,6 @@ struct test_case {
     struct shape sh;
     enum dtype dtype;
     float amplitude;  /* inputs drawn from [-amplitude, amplitude] */
-    char env[48];     /* "NAME=value" set in the case's environment (a stage's run-time choice, as
-                       * stage 13's grid), or "" (held here, not pointed to: a plain value) */
 };
 
 #define TEST_COUNT(a) (sizeof(a) / sizeof *(a))
@@ -28,8 +26,7 @@ struct test_case {
 struct shape test_shape(int B, int H, int N, int d, int causal);
 /* The same with a KV cache: K and V [B, H_kv, N_kv, d]. */
 struct shape test_kv_shape(int B, int H, int H_kv, int N, int N_kv, int d, int causal);
-/* "stage3 B=2 H=3 N=17 d=64 causal fp32 x1" (and " Hkv=2 Nkv=1000 splits=3" and the case's
- * " NAME=value" where they apply), for assertion messages (Criterion does not print which
+/* "stage3 B=2 H=3 N=17 d=64 causal fp32 x1" (and " Hkv=2 Nkv=1000 splits=3" where they apply), for assertion messages (Criterion does not print which
  * parameter failed, so every message names its case). */
 void test_label(const struct test_case *tc, char *buf, size_t n);
 /* A seed derived from the shape: each case its own inputs, the same on every run. */
