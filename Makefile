@@ -34,20 +34,26 @@ endif
 endif
 # The GPU architectures the GPU stages are compiled for, oldest first: machine code (SASS) for
 # each, and the PTX of the last one too, which the driver JIT-compiles for a GPU newer than any
-# listed. Unless named, this machine's own GPUs' (nvidia-smi's compute capability; where this nvcc
-# does not know one yet, the newest it knows below it, run through its PTX), else 80 alone: a
-# machine without a GPU builds one architecture, enough to show every stage compiles. The Hopper
-# stages are sm_90a whatever this says. CUDA_ARCH="75 80 90" builds machine code for Turing (T4),
+# listed. Unless named, this machine's own GPUs' (the compute capability nvidia-smi reports, else
+# the one nvcc -arch=native finds; where this nvcc does not know one yet, the newest it knows below
+# it, run through its PTX), else 80 alone: a machine without a GPU builds one architecture, enough
+# to show every stage compiles. The first build says which it chose. The Hopper stages are sm_90a
+# whatever this says. CUDA_ARCH="75 80 90" builds machine code for Turing (T4),
 # Ampere (A100; RTX 30 and 40 cards run it) and Hopper in every program: slower to build, it runs
 # anywhere. PTX_ONLY=1 embeds the PTX of each alone, compiled by the driver when a program starts:
 # `make CUDA_ARCH=75 PTX_ONLY=1 BUILD=build75` runs Turing's code path on any GPU.
 ifeq ($(origin CUDA_ARCH),undefined)
 CUDA_ARCH := $(shell caps=$$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | tr -d '. ' | sort -un); \
+               [ -n "$$caps" ] || { native=$$($(NVCC) -arch=native --dryrun -c -x cu /dev/null -o /dev/null 2>&1); \
+                 case "$$native" in (*"valid GPU"*) ;; \
+                   (*) caps=$$(printf '%s\n' "$$native" | grep -o 'arch=sm_[0-9]*' | sed 's/.*_//' | sort -un);; esac; }; \
                [ -n "$$caps" ] && known=$$($(NVCC) --list-gpu-arch 2>/dev/null | sed -n 's/^compute_\([0-9]*\)$$/\1/p' | sort -n); \
                for c in $$caps; do best=; for k in $$known; do [ "$$k" -le "$$c" ] && best=$$k; done; \
                  [ -n "$$best" ] && [ "$$best" -ge 75 ] && echo "$$best"; done | sort -un | tr '\n' ' ')
+CUDA_ARCH_WHY := $(if $(strip $(CUDA_ARCH)),the GPU of this machine,no GPU found here: enough to compile every stage; \
+                  make CUDA_ARCH="75 80 90" builds for every GPU the course runs on)
 CUDA_ARCH := $(or $(strip $(CUDA_ARCH)),80)
-export CUDA_ARCH   # (make's own sub-makes, tests/diff_noise.sh's, need not ask again)
+export CUDA_ARCH CUDA_ARCH_WHY   # (make's own sub-makes, tests/diff_noise.sh's, need not ask again)
 endif
 PTX_ONLY ?= 0
 BUILD := build
@@ -146,7 +152,8 @@ ARCH_STAMP := $(BUILD)/cuda-arch
 $(ARCH_STAMP): FORCE
 	@mkdir -p $(dir $@)
 	@echo '$(NVCC_ARCH)' > $@.tmp
-	@cmp -s $@.tmp $@ && rm -f $@.tmp || mv -f $@.tmp $@
+	@cmp -s $@.tmp $@ && rm -f $@.tmp || { mv -f $@.tmp $@; \
+	  echo '  ARCH  CUDA_ARCH=$(CUDA_ARCH)$(if $(filter 1,$(PTX_ONLY)), PTX_ONLY=1) for the GPU stages ($(or $(CUDA_ARCH_WHY),as given))'; }
 HOPPER_ABLATION_OBJS := $(foreach a,$(notdir $(wildcard bench/ablations/*.cu)),\
                           $(if $(filter $(call num,$(a))_%,$(HOPPER_STAGES)),$(BUILD)/bench/ablations/$(a:.cu=.o)))
 $(filter-out $(HOPPER_OBJS) $(HOPPER_ABLATION_OBJS),\
