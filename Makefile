@@ -54,6 +54,9 @@ CUDA_ARCH_WHY := $(if $(strip $(CUDA_ARCH)),the GPU of this machine,no GPU found
                   make CUDA_ARCH="75 80 90" builds for every GPU the course runs on)
 CUDA_ARCH := $(or $(strip $(CUDA_ARCH)),80)
 export CUDA_ARCH CUDA_ARCH_WHY   # (make's own sub-makes, tests/diff_noise.sh's, need not ask again)
+else ifneq ($(origin CUDA_ARCH),environment)
+# (from the environment: a make above chose it and says why, or you did)
+CUDA_ARCH_WHY := as given
 endif
 PTX_ONLY ?= 0
 BUILD := build
