@@ -155,7 +155,7 @@ sanitize() {
     fi
     # the shapes `make sanitize` runs for each stage, as the Makefile lists them
     # shellcheck disable=SC2016 # $(...) are make's, expanded by make
-    cases=$(make -s --no-print-directory --eval 'gpu-suites-sanitize-cases: ; @$(foreach b,'"$bins"',for s in $(or $(SANITIZE_BASE_$(b)),$(SANITIZE_SHAPES)) $(SANITIZE_SHAPES_$(b)); do echo "$(b) $$s"; done;)' \
+    cases=$(MAKEFLAGS= make -s --no-print-directory --eval 'gpu-suites-sanitize-cases: ; @$(foreach b,'"$bins"',for s in $(or $(SANITIZE_BASE_$(b)),$(SANITIZE_SHAPES)) $(SANITIZE_SHAPES_$(b)); do echo "$(b) $$s"; done;)' \
             gpu-suites-sanitize-cases) || { echo "GNU make could not list the sanitize shapes (make is needed for the Makefile's SANITIZE_* lists)" >> "$log"; report sanitize 1 0 "$log" "compute-sanitizer"; return; }
     local k=0
     while read -r b shape; do
