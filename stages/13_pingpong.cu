@@ -45,52 +45,69 @@ namespace {
 
 /* ---- configuration ---- */
 
-/* Stage 12's block: consumer warpgroups of 64 Q rows each (the M of one wgmma), all reading the same
- * K_j, V_j from a ring of STAGES shared-memory stages that a producer warpgroup fills by TMA; the
- * producer keeps 24 registers (setmaxnreg.dec) and the consumers share what that frees
- * (setmaxnreg.inc; tiles::CONSUMER_REGS):
- *   2 consumer warpgroups, 384 threads: 168 at launch; producer 24 x 128, consumers 240 x 256
- *   3 consumer warpgroups, 512 threads: 128 at launch; producer 24 x 128, consumers 160 x 384
- * The turns need TURNED, as in stage 11: O_i += P_ij V_j is left running while the consumer waits
- * for tile j+1 and issues S = Q K_{j+1}^T, so a turn issues both, and a consumer holds two stages
- * (V_j still being read, and tile j+1); the copy engine fills the other STAGES - 2. Per head dim:
- *   d = 64:  three consumer warpgroups (Br = 192), Bc = 128, 4 stages: 24 + 4 x 32 = 152 KiB. A
- *            warpgroup's softmax, as long as its matmuls here, hides under two other warpgroups'
- *            turns, not one. Its data, O 32 + S 64 + P 32 registers, fits 160.
- *   d = 128: two consumer warpgroups (Br = 128), Bc = 128, 3 stages: 32 + 3 x 64 = 224 KiB, turned.
- *            (Stage 12 runs three warpgroups and two stages here; three do not fit the 160
- *            registers of three warpgroups with the overlap's live P_ij, O 64 + S 64 + P 32.)
- *   d = 256: two, Bc = 64, 2 stages: 64 + 2 x 64 = 192 KiB; not turned and no turns, stage 12's
- *            loop: a turn would hold the wait for P_ij V_j and keep the other warpgroup out for a
- *            whole matmul, and the softmax is a quarter of the matmuls' time, which the
- *            warpgroups' drift already hides (FlashAttention-3 leaves its turns out at d = 256 too).
- * PINGPONG: the turns; OVERLAP: the softmax under P V (both need TURNED). The mbarriers add 16
- * bytes per stage and 8 for Q_i. */
-constexpr int WARPGROUP = 4 * WARP_SIZE; /* threads that issue one wgmma together */
-constexpr int PRODUCER_REGS = 24; /* setmaxnreg, per producer thread (above); the consumers': tiles */
-constexpr size_t SMEM_MAX = 227 * 1024; /* the shared memory a block may have on an H100 or H200 */
-template <int D>
+/* A configuration is a type with five constants (cfg<HeadDim> below is the stage's, one per head
+ * dim; the kernel and launcher take any, so that an ablation can pass its own):
+ *   HeadDim      d;
+ *   NWARPGROUPS  consumer warpgroups, 64 rows of the Q tile each (the M of one wgmma), all reading
+ *                the same K_j, V_j: Br = 64 NWARPGROUPS;
+ *   Bc           keys per K/V tile (the N of the wgmma for S_ij);
+ *   STAGES       ring stages, each a K_j and a V_j buffer;
+ *   TURNED       1: O_i += P_ij V_j is left running while the consumer waits for tile j+1 and
+ *                issues S = Q K_{j+1}^T (stage 11's loop), so a consumer holds two stages (V_j
+ *                still being read, and tile j+1) and frees tile j's only at the wait for
+ *                S_{i,j+1}: the copy engine fills STAGES - 2 ahead. 0: P_ij V_j is waited for at
+ *                once and tile j's stage freed then: STAGES - 1 ahead;
+ *   PINGPONG     1: the consumer warpgroups take turns at issuing their wgmma (the kernel's
+ *                turn_begin, turn_end); needs TURNED, since a turn issues P_ij V_j and the next S;
+ *   OVERLAP      1: in its turn a warpgroup issues the next S before P_ij V_j and computes that S's
+ *                softmax while P_ij V_j runs; needs TURNED.
+ * Per thread a consumer warpgroup's accumulators hold Bc / 2 fp32 of S_ij and HeadDim / 2 of O_i,
+ * and P_ij takes Bc / 4 registers (16-bit pairs) that the tensor cores read until the wait: all
+ * three live at once.
+ *
+ * The producer warpgroup comes after the consumers, so that the consumers' thread, warp and
+ * warpgroup numbers are stage 11's. One of its threads issues every copy; the copies need no
+ * registers for their data, so the warpgroup gives its registers away. __launch_bounds__(NTHREADS,
+ * 1) gives every thread 65536 / NTHREADS at launch (a multiple of 8); setmaxnreg.dec takes the
+ * producer to 24 and setmaxnreg.inc gives the consumers what that frees:
+ *   three consumer warpgroups, 512 threads: 128 at launch; 24 x 128 + 160 x 384 = 64512 <= 65536
+ *   two consumer warpgroups,   384 threads: 168 at launch; 24 x 128 + 240 x 256 = 64512 = 168 x 384
+ * One block per SM (the registers), so the shared memory beside Q_i goes to the ring (a block may
+ * have 227 KiB; the mbarriers add 16 bytes per stage and 8 for Q_i):
+ *
+ *   d     consumer WGs  Br   Bc   STAGES  TURNED  turns, overlap  consumer registers        Q_i + ring
+ *   64    3             192  128  4       1       yes             160: O 32 + S 64 + P 32   24 + 4 x 32 = 152 KiB
+ *   128   2             128  128  3       1       yes             240: O 64 + S 64 + P 32   32 + 3 x 64 = 224 KiB
+ *   256   2             128   64  2       0       no              240: O 128 + S 32 + P 16  64 + 2 x 64 = 192 KiB
+ *
+ * d = 64:  stage 12's tiles. A warpgroup's softmax, as long as its matmuls here, hides under two
+ *          other warpgroups' turns, not one.
+ * d = 128: two warpgroups, not stage 12's three: the overlap keeps P_{i,j+1} and O_i live beside
+ *          S_{i,j+1} while P_ij V_j runs, and 160 registers would not hold them; with 240, a
+ *          ring of three stages (Q_i is 128 rows), turned, as the turns need.
+ * d = 256: stage 12's loop, no turns: a turn would hold the wait for P_ij V_j and keep the other
+ *          warpgroup out for a whole matmul, and the softmax is a quarter of the matmuls' time,
+ *          which the warpgroups' drift already hides (FlashAttention-3 leaves its turns out at
+ *          d = 256 too).
+ * What each choice measured: notes/13_pingpong.md. */
+template <int HeadDim>
 struct cfg;
 template <>
-struct cfg<64> { /* O 32 + S 64 + P 32 */
-    static constexpr int HeadDim = 64, NWARPGROUPS = 3, Bc = 128, STAGES = 4, TURNED = 1, PINGPONG = 1, OVERLAP = 1;
-};
+struct cfg<64> { static constexpr int HeadDim = 64, NWARPGROUPS = 3, Bc = 128, STAGES = 4, TURNED = 1, PINGPONG = 1, OVERLAP = 1; };
 template <>
-struct cfg<128> { /* O 64 + S 64 + P 32 */
-    static constexpr int HeadDim = 128, NWARPGROUPS = 2, Bc = 128, STAGES = 3, TURNED = 1, PINGPONG = 1, OVERLAP = 1;
-};
+struct cfg<128> { static constexpr int HeadDim = 128, NWARPGROUPS = 2, Bc = 128, STAGES = 3, TURNED = 1, PINGPONG = 1, OVERLAP = 1; };
 template <>
-struct cfg<256> { /* O 128 + S 32 + P 16 */
-    static constexpr int HeadDim = 256, NWARPGROUPS = 2, Bc = 64, STAGES = 2, TURNED = 0, PINGPONG = 0, OVERLAP = 0;
-};
+struct cfg<256> { static constexpr int HeadDim = 256, NWARPGROUPS = 2, Bc = 64, STAGES = 2, TURNED = 0, PINGPONG = 0, OVERLAP = 0; };
+constexpr int WARPGROUP = 4 * WARP_SIZE; /* threads that issue one wgmma together */
+constexpr int PRODUCER_REGS = 24; /* setmaxnreg, per thread (above); the consumers' share: tiles */
+constexpr size_t SMEM_MAX = 227 * 1024; /* the shared memory a block may have on an H100 or H200 */
 
-/* Everything derived from a configuration C (cfg<d>, or an ablation's): tile sizes and the
- * shared-memory layout. */
-template <class C>
+/* Everything derived from a configuration: tile sizes, threads, registers, the shared-memory layout. */
+template <typename Cfg>
 struct tiles {
-    static constexpr int HeadDim = C::HeadDim, Bc = C::Bc, STAGES = C::STAGES;
-    static constexpr bool TURNED = C::TURNED != 0, PINGPONG = C::PINGPONG != 0, OVERLAP = C::OVERLAP != 0;
-    static constexpr int NWARPGROUPS = C::NWARPGROUPS; /* consumer warpgroups */
+    static constexpr int HeadDim = Cfg::HeadDim, Bc = Cfg::Bc, STAGES = Cfg::STAGES;
+    static constexpr bool TURNED = Cfg::TURNED != 0, PINGPONG = Cfg::PINGPONG != 0, OVERLAP = Cfg::OVERLAP != 0;
+    static constexpr int NWARPGROUPS = Cfg::NWARPGROUPS; /* consumer warpgroups */
     static constexpr int NWARPS = 4 * NWARPGROUPS;     /* consumer warps */
     /* the wgmma accumulators give each warp 16 rows of its warpgroup's 64: one m16 row tile */
     static constexpr int M_TILES = 1;
@@ -132,15 +149,15 @@ struct tiles {
 
 /* ---- kernel ---- */
 
-/* C: the configuration (cfg<d>, or an ablation's). COUNT: the counting build for --counters
- * (common/cuda/counters.cuh); the timed build has none. */
-template <typename T, class C, bool COUNT>
-__global__ void __launch_bounds__(tiles<C>::NTHREADS, 1)
+/* Cfg: a configuration (above). COUNT: the counting build for --counters (common/cuda/counters.cuh);
+ * the timed build has none. */
+template <typename T, typename Cfg, bool COUNT>
+__global__ void __launch_bounds__(tiles<Cfg>::NTHREADS, 1)
 stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_constant__ CUtensorMap tmap_K,
                         const __grid_constant__ CUtensorMap tmap_V, T *__restrict__ O, float *__restrict__ L,
                         int N, int causal, float scale_log2, unsigned long long *counters)
 {
-    typedef tiles<C> Tiles;
+    typedef tiles<Cfg> Tiles;
     typedef mma16<T> M;
     constexpr int M_TILES = Tiles::M_TILES, Br = Tiles::Br, Bc = Tiles::Bc, STAGES = Tiles::STAGES;
     constexpr int HeadDim = Tiles::HeadDim;
@@ -235,8 +252,8 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
      *
      * The counts. Each warpgroup takes one turn per S = Q K^T it issues, n_tiles of them, and ends
      * each with one arrival. Every warpgroup has the same n_tiles: it is the block's (from the Q
-     * tile's last row), not the warpgroup's. Under a causal mask a lower
-     * warpgroup's rows end 64 (or 128) rows before the tile's last, so its last K/V tile can be
+     * tile's last row), not the warpgroup's. Under a causal mask a lower warpgroup's rows end 64
+     * (or 128) rows before the tile's last, so its last K/V tile can be
      * wholly masked (P_ij = 0), and at the tail rows past N are zeros of Q_i: it computes them all
      * the same, and the turns and the ring's empty barriers (NWARPS warps per stage) count on that.
      * A warpgroup that skipped a tile would still have to take that turn (sync and arrive with no
@@ -256,7 +273,6 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
     };
     if (wg == NWARPGROUPS - 1) turn_end(); /* the first turn is warpgroup 0's */
 
-
     /* This lane's rows are row0 + 16 mt + 8 h + g (mt < M_TILES, h = 0, 1). m_i is the running
      * max of the raw scores (not yet scaled); l_i is this lane's part of the row sum (its 2 of
      * every 8 columns), added across the quad only at the end. P_ij is the A operand of
@@ -267,9 +283,9 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
     for (int mt = 0; mt < M_TILES; mt++) m_i[mt][0] = m_i[mt][1] = -INFINITY, l_i[mt][0] = l_i[mt][1] = 0.f;
     uint32_t P_ij[Bc / 16][4];
 
-    /* Tile j's K_j, V_j have landed in ring stage j mod STAGES: the (j / STAGES)-th
-     * phase of its full barrier. The copy engine wrote them through the async proxy, the proxy
-     * wgmma reads through: no fence, and no block barrier. */
+    /* Tile j's K_j, V_j have landed in ring stage j mod STAGES: the (j / STAGES)-th phase of its
+     * full barrier. The copy engine wrote them through the async proxy, the proxy wgmma reads
+     * through: no fence, and no block barrier. */
     auto next_tile = [&](int j) { mbar_wait(&full[j % STAGES], (j / STAGES) & 1); };
     /* This warp is done with tile j's ring stage: it has waited for every wgmma that read K_j and
      * V_j. One arrival per warp: the last of the NWARPS frees the stage for tile j + STAGES. */
@@ -302,8 +318,8 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
     };
 
     /* S_ij (in registers; key0 = j Bc, its first key) masked and through the online softmax: P_ij
-     * in place, as fp32, and m_i, l_i updated. O_i's factor alpha is returned, not applied: with OVERLAP the tensor cores are
-     * still adding P_{i,j-1} V_{j-1} into O_i while this runs. */
+     * in place, as fp32, and m_i, l_i updated. O_i's factor alpha is returned, not applied: with
+     * OVERLAP the tensor cores are still adding P_{i,j-1} V_{j-1} into O_i while this runs. */
     auto softmax = [&](float (&S_ij)[M_TILES][KT][4], int key0, float (&alpha)[M_TILES][2]) {
         /* Masks, only on the tiles that need them: the tail tile (keys past N) and, when causal,
          * the tiles that cross the diagonal (some key after some query of this tile). */
@@ -426,10 +442,10 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
 /* ---- launcher ---- */
 
 /* Rows of K (and V) read for the Q tiles of one head: each Q tile reads the K/V tiles it sees. */
-template <int HeadDim>
+template <typename Cfg>
 double kv_rows_read(const struct shape *sh)
 {
-    typedef tiles<cfg<HeadDim>> Tiles;
+    typedef tiles<Cfg> Tiles;
     const int N = sh->N, Tr = CEIL_DIV(N, Tiles::Br), Tc = CEIL_DIV(N, Tiles::Bc);
     double rows = 0;
     for (int i = 0; i < Tr; i++) {
@@ -443,8 +459,8 @@ double kv_rows_read(const struct shape *sh)
  * once. (16-bit elements in both dtypes.) */
 void hbm_bytes(const struct shape *sh, struct hbm_traffic *t)
 {
-    const double kv_rows = sh->d == 64 ? kv_rows_read<64>(sh) : sh->d == 128 ? kv_rows_read<128>(sh)
-                           : kv_rows_read<256>(sh);
+    const double kv_rows = sh->d == 64 ? kv_rows_read<cfg<64>>(sh) : sh->d == 128 ? kv_rows_read<cfg<128>>(sh)
+                           : kv_rows_read<cfg<256>>(sh);
     const double heads = (double)sh->B * sh->H, d = sh->d, N = sh->N;
     t->Q = heads * N * d * 2;
     t->KV = heads * 2.0 * kv_rows * d * 2;
@@ -454,13 +470,13 @@ void hbm_bytes(const struct shape *sh, struct hbm_traffic *t)
     t->q_reads = 1;
 }
 
-template <typename T, class C, bool COUNT>
+template <typename T, typename Cfg, bool COUNT>
 int launch(const struct attn_args *a, char *why, size_t n)
 {
-    typedef tiles<C> Tiles;
+    typedef tiles<Cfg> Tiles;
     constexpr int HeadDim = Tiles::HeadDim;
     const size_t smem = Tiles::bytes;
-    if (int rc = smem_optin(stage13_pingpong_kernel<T, C, COUNT>, smem, HeadDim, why, n)) return rc;
+    if (int rc = smem_optin(stage13_pingpong_kernel<T, Cfg, COUNT>, smem, HeadDim, why, n)) return rc;
 
     const struct shape *sh = &a->sh;
     const long long bh = (long long)sh->B * sh->H;
@@ -477,37 +493,38 @@ int launch(const struct attn_args *a, char *why, size_t n)
     /* (batch, head) in x, Q tiles in y: at most 2^20 / 128 = 8192 tiles, under y's 65535 */
     const dim3 grid((unsigned)bh, CEIL_DIV(sh->N, Tiles::Br));
     const dim3 block(Tiles::NTHREADS);
-    stage13_pingpong_kernel<T, C, COUNT><<<grid, block, smem>>>(
+    stage13_pingpong_kernel<T, Cfg, COUNT><<<grid, block, smem>>>(
         tmap_Q, tmap_K, tmap_V, (T *)a->O, a->L, sh->N, sh->causal, sh->scale * LOG2E, a->counters);
     CUDA_TRY(cudaGetLastError());
     return 0;
 }
 
-/* dtype, head dim and counting build -> the kernel's template arguments: the configurations C64,
- * C128 and C256 (the stage's cfg<d>; an ablation passes its own) */
-template <typename T, bool COUNT, class C64, class C128, class C256>
+/* dtype, head dim and counting build -> the kernel's template arguments; Cfg<HeadDim> is the
+ * configuration of each head dim (the stage's: cfg) */
+template <template <int> class Cfg, typename T, bool COUNT>
 int dispatch_d(const struct attn_args *a, char *why, size_t n)
 {
     switch (a->sh.d) {
-    case 64: return launch<T, C64, COUNT>(a, why, n);
-    case 128: return launch<T, C128, COUNT>(a, why, n);
-    case 256: return launch<T, C256, COUNT>(a, why, n);
+    case 64: return launch<T, Cfg<64>, COUNT>(a, why, n);
+    case 128: return launch<T, Cfg<128>, COUNT>(a, why, n);
+    case 256: return launch<T, Cfg<256>, COUNT>(a, why, n);
     }
     snprintf(why, n, "supports head dim 64, 128 or 256 (got d=%d)", a->sh.d);
     return ATTN_UNSUPPORTED;
 }
 
-template <typename T, class C64, class C128, class C256>
+template <template <int> class Cfg, typename T>
 int dispatch(const struct attn_args *a, char *why, size_t n)
 {
-    return a->counters ? dispatch_d<T, true, C64, C128, C256>(a, why, n) : dispatch_d<T, false, C64, C128, C256>(a, why, n);
+    return a->counters ? dispatch_d<Cfg, T, true>(a, why, n) : dispatch_d<Cfg, T, false>(a, why, n);
 }
 
-template <class C64 = cfg<64>, class C128 = cfg<128>, class C256 = cfg<256>>
+/* The forward with the configurations Cfg<64>, Cfg<128>, Cfg<256>; the stage's is forward<cfg>. */
+template <template <int> class Cfg>
 int forward(const struct attn_args *a, char *why, size_t n)
 {
-    if (a->dtype == DT_F16) return dispatch<__half, C64, C128, C256>(a, why, n);
-    if (a->dtype == DT_BF16) return dispatch<__nv_bfloat16, C64, C128, C256>(a, why, n);
+    if (a->dtype == DT_F16) return dispatch<Cfg, __half>(a, why, n);
+    if (a->dtype == DT_BF16) return dispatch<Cfg, __nv_bfloat16>(a, why, n);
     snprintf(why, n, "supports fp16 and bf16 (got %s)", dtype_name(a->dtype));
     return ATTN_UNSUPPORTED;
 }
@@ -518,7 +535,7 @@ extern "C" const struct stage stage13_desc = {
     .name = "stage13",
     .idea = "Hopper: the consumer warpgroups take turns at the tensor cores, the softmax under P V",
     .device = ON_GPU,
-    .forward = forward<>,
+    .forward = forward<cfg>,
     .backward = NULL,
     .dims = {64, 128, 256},
     .dtypes = DT_F16 | DT_BF16,

@@ -40,67 +40,83 @@
 #include <cuda_fp16.h>
 #include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
 namespace {
 
 /* ---- configuration ---- */
 
-/* Stage 12's block: consumer warpgroups of 64 Q rows each (the M of one wgmma), all reading the same
- * K_j, V_j from a ring of STAGES shared-memory stages that a producer warpgroup fills by TMA; the
- * producer keeps 24 registers (setmaxnreg.dec) and the consumers share what that frees
- * (setmaxnreg.inc; tiles::CONSUMER_REGS):
- *   2 consumer warpgroups, 384 threads: 168 at launch; producer 24 x 128, consumers 240 x 256
- *   3 consumer warpgroups, 512 threads: 128 at launch; producer 24 x 128, consumers 160 x 384
- * The turns need TURNED, as in stage 11: O_i += P_ij V_j is left running while the consumer waits
- * for tile j+1 and issues S = Q K_{j+1}^T, so a turn issues both, and a consumer holds two stages
- * (V_j still being read, and tile j+1); the copy engine fills the other STAGES - 2. Per head dim:
- *   d = 64:  three consumer warpgroups (Br = 192), Bc = 128, 4 stages: 24 + 4 x 32 = 152 KiB. A
- *            warpgroup's softmax, as long as its matmuls here, hides under two other warpgroups'
- *            turns, not one. Its data, O 32 + S 64 + P 32 registers, fits 160.
- *   d = 128: two consumer warpgroups (Br = 128), Bc = 128, 3 stages: 32 + 3 x 64 = 224 KiB, turned.
- *            (Stage 12 runs three warpgroups and two stages here; three do not fit the 160
- *            registers of three warpgroups with the overlap's live P_ij, O 64 + S 64 + P 32.)
- *   d = 256: two, Bc = 64, 2 stages: 64 + 2 x 64 = 192 KiB; not turned and no turns, stage 12's
- *            loop: a turn would hold the wait for P_ij V_j and keep the other warpgroup out for a
- *            whole matmul, and the softmax is a quarter of the matmuls' time, which the
- *            warpgroups' drift already hides (FlashAttention-3 leaves its turns out at d = 256 too).
- * PINGPONG: the turns; OVERLAP: the softmax under P V (both need TURNED). The mbarriers add 16
- * bytes per stage and 16 for Q_i (full, and empty for the next work item).
+/* A configuration is a type with five constants (cfg<HeadDim> below is the stage's, one per head
+ * dim; the kernel and launcher take any, so that an ablation can pass its own):
+ *   HeadDim      d;
+ *   NWARPGROUPS  consumer warpgroups, 64 rows of the Q tile each (the M of one wgmma), all reading
+ *                the same K_j, V_j: Br = 64 NWARPGROUPS;
+ *   Bc           keys per K/V tile (the N of the wgmma for S_ij);
+ *   STAGES       ring stages, each a K_j and a V_j buffer;
+ *   TURNED       1: O_i += P_ij V_j is left running while the consumer waits for tile j+1 and
+ *                issues S = Q K_{j+1}^T (stage 11's loop), so a consumer holds two stages (V_j
+ *                still being read, and tile j+1) and frees tile j's only at the wait for
+ *                S_{i,j+1}: the copy engine fills STAGES - 2 ahead. 0: P_ij V_j is waited for at
+ *                once and tile j's stage freed then: STAGES - 1 ahead;
+ *   PINGPONG     1: the consumer warpgroups take turns at issuing their wgmma (the kernel's
+ *                turn_begin, turn_end); needs TURNED, since a turn issues P_ij V_j and the next S;
+ *   OVERLAP      1: in its turn a warpgroup issues the next S before P_ij V_j and computes that S's
+ *                softmax while P_ij V_j runs; needs TURNED;
+ *   EARLY_Q      1: each consumer warp frees Q_i for the next work item's as soon as the item's last
+ *                S = Q K^T has completed, not after the epilogue, so that the next Q_i is copied
+ *                under the item's last P V, softmax and epilogue instead of before the next item's
+ *                first S. The epilogue then cannot stage O through Q_i: it stores O from the
+ *                accumulators straight to global memory.
+ * Per thread a consumer warpgroup's accumulators hold Bc / 2 fp32 of S_ij and HeadDim / 2 of O_i,
+ * and P_ij takes Bc / 4 registers (16-bit pairs) that the tensor cores read until the wait: all
+ * three live at once.
  *
- * EARLY_Q (d = 64): each consumer warp frees Q_i for the next work item's as soon as the item's
- * last S = Q K^T has completed, not after the epilogue, so that the copy of the next Q_i runs under
- * the item's last P V, softmax and epilogue instead of before the next item's first S. The epilogue
- * then cannot stage O through Q_i: it stores O from the accumulators straight to global memory.
- * At d = 128 and 256 O keeps its staging through Q_i and its 16-byte stores (EARLY_Q measured
- * 0.89-1.00x there: notes/14_persistent.md). */
-constexpr int WARPGROUP = 4 * WARP_SIZE; /* threads that issue one wgmma together */
-constexpr int PRODUCER_REGS = 24; /* setmaxnreg, per producer thread (above); the consumers': tiles */
-constexpr size_t SMEM_MAX = 227 * 1024; /* the shared memory a block may have on an H100 or H200 */
-template <int D>
+ * The producer warpgroup comes after the consumers, so that the consumers' thread, warp and
+ * warpgroup numbers are stage 11's. One of its threads issues every copy; the copies need no
+ * registers for their data, so the warpgroup gives its registers away. __launch_bounds__(NTHREADS,
+ * 1) gives every thread 65536 / NTHREADS at launch (a multiple of 8); setmaxnreg.dec takes the
+ * producer to 24 and setmaxnreg.inc gives the consumers what that frees:
+ *   three consumer warpgroups, 512 threads: 128 at launch; 24 x 128 + 160 x 384 = 64512 <= 65536
+ *   two consumer warpgroups,   384 threads: 168 at launch; 24 x 128 + 240 x 256 = 64512 = 168 x 384
+ * One block per SM (the registers), so the shared memory beside Q_i goes to the ring (a block may
+ * have 227 KiB; the mbarriers add 16 bytes per stage and 16 for Q_i, full and empty, and the next
+ * work item's number 4):
+ *
+ *   d     consumer WGs  Br   Bc   STAGES  TURNED  turns, overlap  consumer registers        Q_i + ring
+ *   64    3             192  128  4       1       yes             160: O 32 + S 64 + P 32   24 + 4 x 32 = 152 KiB
+ *   128   2             128  128  3       1       yes             240: O 64 + S 64 + P 32   32 + 3 x 64 = 224 KiB
+ *   256   2             128   64  2       0       no              240: O 128 + S 32 + P 16  64 + 2 x 64 = 192 KiB
+ *
+ * d = 64:  stage 12's tiles. A warpgroup's softmax, as long as its matmuls here, hides under two
+ *          other warpgroups' turns, not one.
+ * d = 128: two warpgroups, not stage 12's three: the overlap keeps P_{i,j+1} and O_i live beside
+ *          S_{i,j+1} while P_ij V_j runs, and 160 registers would not hold them; with 240, a
+ *          ring of three stages (Q_i is 128 rows), turned, as the turns need.
+ * d = 256: stage 12's loop, no turns: a turn would hold the wait for P_ij V_j and keep the other
+ *          warpgroup out for a whole matmul, and the softmax is a quarter of the matmuls' time,
+ *          which the warpgroups' drift already hides (FlashAttention-3 leaves its turns out at
+ *          d = 256 too).
+ * EARLY_Q at d = 64 only: at d = 128 and 256 O keeps its staging through Q_i and its 16-byte
+ * stores (the early Q_i measured below 1x there: notes/14_persistent.md).
+ * What each choice measured: notes/13_pingpong.md, notes/14_persistent.md. */
+template <int HeadDim>
 struct cfg;
 template <>
-struct cfg<64> { /* O 32 + S 64 + P 32 */
-    static constexpr int HeadDim = 64, NWARPGROUPS = 3, Bc = 128, STAGES = 4, TURNED = 1, PINGPONG = 1, OVERLAP = 1, EARLY_Q = 1;
-};
+struct cfg<64> { static constexpr int HeadDim = 64, NWARPGROUPS = 3, Bc = 128, STAGES = 4, TURNED = 1, PINGPONG = 1, OVERLAP = 1, EARLY_Q = 1; };
 template <>
-struct cfg<128> { /* O 64 + S 64 + P 32 */
-    static constexpr int HeadDim = 128, NWARPGROUPS = 2, Bc = 128, STAGES = 3, TURNED = 1, PINGPONG = 1, OVERLAP = 1, EARLY_Q = 0;
-};
+struct cfg<128> { static constexpr int HeadDim = 128, NWARPGROUPS = 2, Bc = 128, STAGES = 3, TURNED = 1, PINGPONG = 1, OVERLAP = 1, EARLY_Q = 0; };
 template <>
-struct cfg<256> { /* O 128 + S 32 + P 16 */
-    static constexpr int HeadDim = 256, NWARPGROUPS = 2, Bc = 64, STAGES = 2, TURNED = 0, PINGPONG = 0, OVERLAP = 0, EARLY_Q = 0;
-};
+struct cfg<256> { static constexpr int HeadDim = 256, NWARPGROUPS = 2, Bc = 64, STAGES = 2, TURNED = 0, PINGPONG = 0, OVERLAP = 0, EARLY_Q = 0; };
+constexpr int WARPGROUP = 4 * WARP_SIZE; /* threads that issue one wgmma together */
+constexpr int PRODUCER_REGS = 24; /* setmaxnreg, per thread (above); the consumers' share: tiles */
+constexpr size_t SMEM_MAX = 227 * 1024; /* the shared memory a block may have on an H100 or H200 */
 
-/* Everything derived from a configuration C (cfg<d>, or an ablation's): tile sizes and the
- * shared-memory layout. */
-template <class C>
+/* Everything derived from a configuration: tile sizes, threads, registers, the shared-memory layout. */
+template <typename Cfg>
 struct tiles {
-    static constexpr int HeadDim = C::HeadDim, Bc = C::Bc, STAGES = C::STAGES;
-    static constexpr bool TURNED = C::TURNED != 0, PINGPONG = C::PINGPONG != 0, OVERLAP = C::OVERLAP != 0;
-    static constexpr bool EARLY_Q = C::EARLY_Q != 0;
-    static constexpr int NWARPGROUPS = C::NWARPGROUPS; /* consumer warpgroups */
+    static constexpr int HeadDim = Cfg::HeadDim, Bc = Cfg::Bc, STAGES = Cfg::STAGES;
+    static constexpr bool TURNED = Cfg::TURNED != 0, PINGPONG = Cfg::PINGPONG != 0, OVERLAP = Cfg::OVERLAP != 0;
+    static constexpr bool EARLY_Q = Cfg::EARLY_Q != 0;
+    static constexpr int NWARPGROUPS = Cfg::NWARPGROUPS; /* consumer warpgroups */
     static constexpr int NWARPS = 4 * NWARPGROUPS;     /* consumer warps */
     /* the wgmma accumulators give each warp 16 rows of its warpgroup's 64: one m16 row tile */
     static constexpr int M_TILES = 1;
@@ -147,16 +163,16 @@ struct tiles {
 
 /* ---- kernel ---- */
 
-/* C: the configuration (cfg<d>, or an ablation's). COUNT: the counting build for --counters
- * (common/cuda/counters.cuh); the timed build has none. */
-template <typename T, class C, bool COUNT>
-__global__ void __launch_bounds__(tiles<C>::NTHREADS, 1)
+/* Cfg: a configuration (above). COUNT: the counting build for --counters (common/cuda/counters.cuh);
+ * the timed build has none. */
+template <typename T, typename Cfg, bool COUNT>
+__global__ void __launch_bounds__(tiles<Cfg>::NTHREADS, 1)
 stage14_persistent_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_constant__ CUtensorMap tmap_K,
                         const __grid_constant__ CUtensorMap tmap_V, T *__restrict__ O_all, float *__restrict__ L_all,
                         int N, int BH, int section, int causal, float scale_log2, unsigned *__restrict__ next_item,
                         unsigned long long *counters)
 {
-    typedef tiles<C> Tiles;
+    typedef tiles<Cfg> Tiles;
     typedef mma16<T> M;
     constexpr int M_TILES = Tiles::M_TILES, Br = Tiles::Br, Bc = Tiles::Bc, STAGES = Tiles::STAGES;
     constexpr int HeadDim = Tiles::HeadDim;
@@ -583,10 +599,10 @@ stage14_persistent_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __gr
 /* ---- launcher ---- */
 
 /* Rows of K (and V) read for the Q tiles of one head: each Q tile reads the K/V tiles it sees. */
-template <int HeadDim>
+template <typename Cfg>
 double kv_rows_read(const struct shape *sh)
 {
-    typedef tiles<cfg<HeadDim>> Tiles;
+    typedef tiles<Cfg> Tiles;
     const int N = sh->N, Tr = CEIL_DIV(N, Tiles::Br), Tc = CEIL_DIV(N, Tiles::Bc);
     double rows = 0;
     for (int i = 0; i < Tr; i++) {
@@ -600,8 +616,8 @@ double kv_rows_read(const struct shape *sh)
  * once. (16-bit elements in both dtypes.) */
 void hbm_bytes(const struct shape *sh, struct hbm_traffic *t)
 {
-    const double kv_rows = sh->d == 64 ? kv_rows_read<64>(sh) : sh->d == 128 ? kv_rows_read<128>(sh)
-                           : kv_rows_read<256>(sh);
+    const double kv_rows = sh->d == 64 ? kv_rows_read<cfg<64>>(sh) : sh->d == 128 ? kv_rows_read<cfg<128>>(sh)
+                           : kv_rows_read<cfg<256>>(sh);
     const double heads = (double)sh->B * sh->H, d = sh->d, N = sh->N;
     t->Q = heads * N * d * 2;
     t->KV = heads * 2.0 * kv_rows * d * 2;
@@ -648,13 +664,13 @@ size_t workspace_bytes(const struct attn_args *a)
     return sizeof(unsigned);
 }
 
-template <typename T, class C, bool L2_SECTIONS, bool COUNT>
+template <typename T, typename Cfg, bool L2_SECTIONS, bool COUNT>
 int launch(const struct attn_args *a, char *why, size_t n)
 {
-    typedef tiles<C> Tiles;
+    typedef tiles<Cfg> Tiles;
     constexpr int HeadDim = Tiles::HeadDim;
     const size_t smem = Tiles::bytes;
-    if (int rc = smem_optin(stage14_persistent_kernel<T, C, COUNT>, smem, HeadDim, why, n)) return rc;
+    if (int rc = smem_optin(stage14_persistent_kernel<T, Cfg, COUNT>, smem, HeadDim, why, n)) return rc;
 
     const struct shape *sh = &a->sh;
     const long long bh = (long long)sh->B * sh->H;
@@ -682,48 +698,49 @@ int launch(const struct attn_args *a, char *why, size_t n)
     /* one dimension: the kernel numbers the items itself, by sections, heaviest first */
     const dim3 grid((unsigned)blocks);
     const dim3 block(Tiles::NTHREADS);
-    stage14_persistent_kernel<T, C, COUNT><<<grid, block, smem>>>(
+    stage14_persistent_kernel<T, Cfg, COUNT><<<grid, block, smem>>>(
         tmap_Q, tmap_K, tmap_V, (T *)a->O, a->L, sh->N, (int)bh, section, sh->causal, sh->scale * LOG2E,
         (unsigned *)a->work, a->counters);
     CUDA_TRY(cudaGetLastError());
     return 0;
 }
 
-/* dtype, head dim and counting build -> the kernel's template arguments: the configurations C64,
- * C128 and C256 (the stage's cfg<d>; an ablation passes its own) and the work order's sections */
-template <typename T, bool COUNT, class C64, class C128, class C256, bool L2_SECTIONS>
+/* dtype, head dim and counting build -> the kernel's template arguments; Cfg<HeadDim> is the
+ * configuration of each head dim (the stage's: cfg), L2_SECTIONS the work order's (true: the
+ * rule's sections of heads; false, an ablation: one section of every head) */
+template <template <int> class Cfg, bool L2_SECTIONS, typename T, bool COUNT>
 int dispatch_d(const struct attn_args *a, char *why, size_t n)
 {
     switch (a->sh.d) {
-    case 64: return launch<T, C64, L2_SECTIONS, COUNT>(a, why, n);
-    case 128: return launch<T, C128, L2_SECTIONS, COUNT>(a, why, n);
-    case 256: return launch<T, C256, L2_SECTIONS, COUNT>(a, why, n);
+    case 64: return launch<T, Cfg<64>, L2_SECTIONS, COUNT>(a, why, n);
+    case 128: return launch<T, Cfg<128>, L2_SECTIONS, COUNT>(a, why, n);
+    case 256: return launch<T, Cfg<256>, L2_SECTIONS, COUNT>(a, why, n);
     }
     snprintf(why, n, "supports head dim 64, 128 or 256 (got d=%d)", a->sh.d);
     return ATTN_UNSUPPORTED;
 }
 
-template <typename T, class C64, class C128, class C256, bool L2_SECTIONS>
+template <template <int> class Cfg, bool L2_SECTIONS, typename T>
 int dispatch(const struct attn_args *a, char *why, size_t n)
 {
-    return a->counters ? dispatch_d<T, true, C64, C128, C256, L2_SECTIONS>(a, why, n)
-                       : dispatch_d<T, false, C64, C128, C256, L2_SECTIONS>(a, why, n);
+    return a->counters ? dispatch_d<Cfg, L2_SECTIONS, T, true>(a, why, n) : dispatch_d<Cfg, L2_SECTIONS, T, false>(a, why, n);
 }
 
-template <class C64 = cfg<64>, class C128 = cfg<128>, class C256 = cfg<256>, bool L2_SECTIONS = true>
+/* The forward with the configurations Cfg<64>, Cfg<128>, Cfg<256>; the stage's is forward<cfg>. */
+template <template <int> class Cfg, bool L2_SECTIONS = true>
 int forward(const struct attn_args *a, char *why, size_t n)
 {
-    if (a->dtype == DT_F16) return dispatch<__half, C64, C128, C256, L2_SECTIONS>(a, why, n);
-    if (a->dtype == DT_BF16) return dispatch<__nv_bfloat16, C64, C128, C256, L2_SECTIONS>(a, why, n);
+    if (a->dtype == DT_F16) return dispatch<Cfg, L2_SECTIONS, __half>(a, why, n);
+    if (a->dtype == DT_BF16) return dispatch<Cfg, L2_SECTIONS, __nv_bfloat16>(a, why, n);
     snprintf(why, n, "supports fp16 and bf16 (got %s)", dtype_name(a->dtype));
     return ATTN_UNSUPPORTED;
 }
 
 /* What the summary names: the tiles, the schedule, and the sections of heads for this shape. */
-template <class C, bool L2_SECTIONS>
+template <typename Cfg, bool L2_SECTIONS>
 int tiles_of(const struct shape *sh, size_t limit, struct tile_config *c)
 {
-    typedef tiles<C> Tiles;
+    typedef tiles<Cfg> Tiles;
     if (Tiles::bytes > limit) {
         snprintf(c->text, sizeof c->text, "d=%d needs %zu.%zu KiB of shared memory per block; this device allows %zu KiB%s",
                  Tiles::HeadDim, Tiles::bytes / 1024, Tiles::bytes % 1024 * 10 / 1024, limit / 1024,
@@ -740,14 +757,14 @@ int tiles_of(const struct shape *sh, size_t limit, struct tile_config *c)
                        Tiles::EARLY_Q ? ", early Q_i" : "", section_heads<L2_SECTIONS>(sh, dev.l2_bytes));
 }
 
-template <class C64 = cfg<64>, class C128 = cfg<128>, class C256 = cfg<256>, bool L2_SECTIONS = true>
+template <template <int> class Cfg, bool L2_SECTIONS = true>
 int tiles_for(const struct attn_args *a, int backward, size_t limit, struct tile_config *c)
 {
     (void)backward; /* a forward only */
     switch (a->sh.d) {
-    case 64: return tiles_of<C64, L2_SECTIONS>(&a->sh, limit, c);
-    case 128: return tiles_of<C128, L2_SECTIONS>(&a->sh, limit, c);
-    case 256: return tiles_of<C256, L2_SECTIONS>(&a->sh, limit, c);
+    case 64: return tiles_of<Cfg<64>, L2_SECTIONS>(&a->sh, limit, c);
+    case 128: return tiles_of<Cfg<128>, L2_SECTIONS>(&a->sh, limit, c);
+    case 256: return tiles_of<Cfg<256>, L2_SECTIONS>(&a->sh, limit, c);
     }
     snprintf(c->text, sizeof c->text, "supports head dim 64, 128 or 256 (got d=%d)", a->sh.d);
     return ATTN_UNSUPPORTED;
@@ -759,7 +776,7 @@ extern "C" const struct stage stage14_desc = {
     .name = "stage14",
     .idea = "Hopper: a persistent grid, work items heaviest first by L2-sized sections of heads",
     .device = ON_GPU,
-    .forward = forward<>,
+    .forward = forward<cfg>,
     .backward = NULL,
     .dims = {64, 128, 256},
     .dtypes = DT_F16 | DT_BF16,
@@ -768,5 +785,5 @@ extern "C" const struct stage stage14_desc = {
     .hbm_traffic = hbm_bytes,
     .measures_backward = 0,
     .arch_sm = 90,
-    .tiles = tiles_for<>,
+    .tiles = tiles_for<cfg>,
 };

@@ -6,9 +6,9 @@
 #include "common/ablation.h"
 
 namespace {
-template <class C>
-struct no_overlap : C { static constexpr int OVERLAP = 0; };
+template <int HeadDim>
+struct no_overlap : cfg<HeadDim> { static constexpr int OVERLAP = 0; };
 } // namespace
 
 ABLATION(13_no_overlap, stage13_desc, "stage13-no-overlap", "stage 13, the softmax after P V (the turns alone)",
-         (forward<no_overlap<cfg<64>>, no_overlap<cfg<128>>, cfg<256>>), NULL, NULL)
+         forward<no_overlap>, NULL, NULL)

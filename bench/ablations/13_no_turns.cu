@@ -6,9 +6,9 @@
 #include "common/ablation.h"
 
 namespace {
-template <class C>
-struct no_turns : C { static constexpr int PINGPONG = 0; };
+template <int HeadDim>
+struct no_turns : cfg<HeadDim> { static constexpr int PINGPONG = 0; };
 } // namespace
 
 ABLATION(13_no_turns, stage13_desc, "stage13-no-turns", "stage 13 without the turns (the softmax under P V alone)",
-         (forward<no_turns<cfg<64>>, no_turns<cfg<128>>, cfg<256>>), NULL, NULL)
+         forward<no_turns>, NULL, NULL)

@@ -6,8 +6,9 @@
 #include "common/ablation.h"
 
 namespace {
-struct late_q64 : cfg<64> { static constexpr int EARLY_Q = 0; };
+template <int HeadDim>
+struct late_q : cfg<HeadDim> { static constexpr int EARLY_Q = 0; };
 } // namespace
 
 ABLATION(14_no_early_q, stage14_desc, "stage14-no-early-q", "stage 14, Q_i released after the epilogue at d = 64",
-         (forward<late_q64, cfg<128>, cfg<256>>), NULL, (tiles_for<late_q64, cfg<128>, cfg<256>>))
+         forward<late_q>, NULL, tiles_for<late_q>)

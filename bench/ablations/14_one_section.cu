@@ -6,4 +6,4 @@
 #include "common/ablation.h"
 
 ABLATION(14_one_section, stage14_desc, "stage14-one-section", "stage 14, the work items in one section of every head",
-         (forward<cfg<64>, cfg<128>, cfg<256>, false>), NULL, (tiles_for<cfg<64>, cfg<128>, cfg<256>, false>))
+         (forward<cfg, false>), NULL, (tiles_for<cfg, false>))
