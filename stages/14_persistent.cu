@@ -356,7 +356,7 @@ stage14_persistent_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __gr
      * the same, and the turns and the ring's empty barriers (NWARPS warps per stage) count on that.
      * A warpgroup that skipped a tile would still have to take that turn (sync and arrive with no
      * wgmma between) and release the stage, or the others would wait forever. So over the block,
-     * warpgroup 0 syncs T times on its barrier and the last warpgroup arrives there 1 + T times (the
+     * with T the K/V tiles of all its items together, warpgroup 0 syncs T times on its barrier and the last warpgroup arrives there 1 + T times (the
      * first turn, handed over, and one per turn): after the last item warpgroup 0 takes the turn
      * nobody will use, and each barrier ends on a whole phase. Every other warpgroup's barrier: T
      * arrivals from the warpgroup before it, T syncs. The last P_ij V_j of an item is issued
