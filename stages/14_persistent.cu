@@ -445,8 +445,8 @@ stage14_persistent_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __gr
         };
 
         /* S_ij (in registers; key0 = j Bc, its first key) masked and through the online softmax: P_ij
-         * in place, as fp32, and m_i, l_i updated. O_i's factor alpha is returned, not applied: with OVERLAP the tensor cores are
-         * still adding P_{i,j-1} V_{j-1} into O_i while this runs. */
+         * in place, as fp32, and m_i, l_i updated. O_i's factor alpha is returned, not applied: with
+         * OVERLAP the tensor cores are still adding P_{i,j-1} V_{j-1} into O_i while this runs. */
         auto softmax = [&](float (&S_ij)[M_TILES][KT][4], int key0, float (&alpha)[M_TILES][2]) {
             /* Masks, only on the tiles that need them: the tail tile (keys past N) and, when causal,
              * the tiles that cross the diagonal (some key after some query of this tile). */
