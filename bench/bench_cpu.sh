@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench_cpu.sh: the CPU stages (1 to 3) over a range of sequence lengths at the shape,
+# bench_cpu.sh: the CPU stages (1 to 3) over a range of sequence lengths at one shape,
 # B = 1, H = 8, d = 64, not causal, fp32, and beside them the yardstick cpu-blas (bench/cpu_blas:
 # unfused attention through OpenBLAS), appended to bench/data/cpu.csv. Run it through
 # `make bench-cpu` (any machine; no GPU needed; it builds bench/cpu_blas where libopenblas-dev is

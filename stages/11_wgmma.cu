@@ -54,7 +54,7 @@ namespace {
  * wgmma's N for S_ij. STAGES buffers of K_j and V_j: with three, O_i += P_ij V_j is left running
  * while the warpgroup crosses the next barrier and issues the next S = Q K^T (the loop below);
  * with two, it is waited for at once.
- *   d = 64:  Bc = 64, three buffers (64 KiB). Bc = 128 was 4-25% slower on the H200 (notes/11):
+ *   d = 64:  Bc = 64, three buffers (64 KiB). Bc = 128 took 13-26% longer on the H200 (notes/11):
  *            the exponentials, as heavy as the matmuls here, wait on a wgmma of S twice as long.
  *   d = 128: Bc = 128, three buffers (224 KiB, just under the 227 KiB a block may have).
  *   d = 256: Bc = 64 (O_i alone is 128 registers), two buffers (192 KiB: three do not fit). */
