@@ -12,7 +12,7 @@
 # The stages, in order, are the Makefile's (csv_stage_lists in bench/csv.sh); one not measured
 # yet gets a row that says so. Rules: the latest row of a shape wins. CPU stages: from
 # bench/data/cpu.csv at the (batch, heads) of its latest row (d = 64, not causal: B = 1, H = 8 since
-# the shape, B = H = 1 before; rows at another shape stay out), which the footnote names;
+# the benchmark's shape, B = H = 1 before; rows at another shape stay out), which the footnote names;
 # a speedup only against a row of the same commit and machine; the yardstick cpu-blas (unfused
 # through OpenBLAS) named in the footnote where it was measured, with the ratio of stage 3 to it. GPU stages:
 # the grid's shape at that N and d (B = 16384 / N, H = 2048 / d), from bench/data/<gpu>.csv, a

@@ -410,7 +410,7 @@ Test(cli, kv_cache_save_then_load)
     }
 }
 
-/* Stage 15 with no arguments: the issue's decode step, checked, where there is a GPU; exit 3 with one
+/* Stage 15 with no arguments: the benchmark's decode step, checked, where there is a GPU; exit 3 with one
  * line where there is none. */
 Test(cli, stage15_default_run)
 {

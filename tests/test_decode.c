@@ -6,7 +6,7 @@
  *                           queries are the last N rows of a square N_kv x N_kv causal problem.
  * decode::stage1_vs_oracle  stage 1 (the reference of stage 15) on KV-cache shapes, whole output,
  *                           against the oracle: grouped heads (multi-query too), N < N_kv, causal.
- * decode::vs_reference      every stage that takes a KV cache (stage 15) over the issue's grid:
+ * decode::vs_reference      every stage that takes a KV cache (stage 15) over the decode grid:
  *                           N_kv in {1, 17, 1000, 4097, 65536}, N in {1, 4, 64}, groups of 1, 4
  *                           and 8 query heads per KV head (B = 2, H_kv = 2), fp16 and bf16,
  *                           d = 64 and 128, causal and not (causal needs N_kv >= N).
@@ -15,7 +15,7 @@
  *                           its unroll), more slices than K/V tiles (empty slices, weighed at zero
  *                           by the merge), and the most, 1024 (1025 is refused: test_cli.c).
  * decode::odd_groups        multi-query (H_kv = 1, 32 heads: more rows than one block takes),
- *                           odd head counts, B = 1 and 5, inputs x50; and the issue's shape at B = 1
+ *                           odd head counts, B = 1 and 5, inputs x50; and the benchmark's decode shape at B = 1
  *                           (32 heads over 8 KV heads, d = 128, one query) with 20000 keys.
  * The reference is stage 1 on the whole output where that is cheap (B H N N_kv d up to 2^27
  * multiply-adds), else the fp64 oracle on the rows of several heads (the first and last of each
@@ -119,7 +119,7 @@ static int test_kv_stage(int s)
     return all_stages[s]->kv_cache && all_stages[s] != &stage1_desc && test_stage_selected(all_stages[s]);
 }
 
-/* ---- the grid ---- */
+/* ---- the decode grid ---- */
 
 static const int test_dec_Nkv[] = {1, 17, 1000, 4097, 65536};
 static const int test_dec_N[] = {1, 4, 64};
@@ -202,7 +202,7 @@ static const struct { int B, H, H_kv, N, N_kv, d, causal; float amplitude; } tes
     {1, 1, 1, 1, 65536, 64, 0, 1},    /* one head: every block on one KV head */
     {3, 12, 4, 2, 2049, 64, 0, 50},   /* scores of thousands: the merge's max must keep exp finite */
     {2, 8, 2, 64, 300, 128, 1, 50},
-    {1, 32, 8, 1, 20000, 128, 0, 1},  /* the shape, B = 1: the splits rule's own S */
+    {1, 32, 8, 1, 20000, 128, 0, 1},  /* the benchmark's decode shape, B = 1: the splits rule's own S */
 };
 
 ParameterizedTestParameters(decode, odd_groups)
