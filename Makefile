@@ -7,7 +7,7 @@ CPU_STAGES := 01_naive 02_tiled_cpu 03_online_softmax
 # The Hopper stages (wgmma, TMA, setmaxnreg) are compiled for sm_90a alone, which runs on compute
 # capability 9.0 only (H100, H200): elsewhere they exit 3 and their tests skip. Otherwise they are
 # GPU stages like the others.
-HOPPER_STAGES := 11_wgmma 12_warp_specialized 13_pingpong 14_persistent 17_conditional_rescale
+HOPPER_STAGES := 11_wgmma 12_warp_specialized 13_pingpong 14_persistent 17_conditional_rescale 18_exp2_two_pipes
 # Stages written for generation, a few queries against a long KV cache: measured by make
 # bench-decode, not on the FA-2 paper's grid (make bench, the charts and the README's table leave
 # them out). Otherwise GPU stages like the others.
@@ -280,6 +280,7 @@ SANITIZE_SHAPES_stage14 := "--seqlen 130 --dim 256 --dtype bf16 --causal" "--seq
                            "--seqlen 1000 --dim 128" "--seqlen 100 --dim 128 --batch 4 --heads 150" \
                            "--seqlen 17 --dim 64 --causal --batch 2 --heads 400"
 SANITIZE_SHAPES_stage17 := $(SANITIZE_SHAPES_stage14)
+SANITIZE_SHAPES_stage18 := $(SANITIZE_SHAPES_stage14)
 # a stage that cannot take the shapes above (stage 15: at most 64 queries, no --counters) names its
 # own instead of them (after --batch 1 --heads 2, so each names --kv-heads 1 or 2)
 SANITIZE_BASE_stage15 := "--seqlen 1 --kv-len 1 --dim 64 --kv-heads 2" "--seqlen 1 --kv-len 3000 --dim 128 --kv-heads 1" \
