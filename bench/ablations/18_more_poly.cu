@@ -1,0 +1,14 @@
+/* 18_more_poly.cu: stage 18 with twice its share of exponentials on the FMA pipe: every 2nd n8 tile
+ * of S's columns by the polynomial at d = 64 (stage 18: every 4th), every 4th at d = 128 (stage 18:
+ * every 8th); d = 256 as in stage 18. With 18_less_poly and stage 17 (no share), the sweep that
+ * chose stage 18's POLY_EVERY. Timed beside stage 18 by bench/ablate.sh. */
+#include "stages/18_exp2_two_pipes.cu"
+#include "common/ablation.h"
+
+namespace {
+template <int HeadDim>
+struct more_poly : cfg<HeadDim> { static constexpr int POLY_EVERY = cfg<HeadDim>::POLY_EVERY / 2; };
+} // namespace
+
+ABLATION(18_more_poly, stage18_desc, "stage18-more-poly", "stage 18 with twice the polynomial's share of exp2",
+         forward<more_poly>, NULL, NULL)
