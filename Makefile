@@ -7,7 +7,7 @@ CPU_STAGES := 01_naive 02_tiled_cpu 03_online_softmax
 # The Hopper stages (wgmma, TMA, setmaxnreg) are compiled for sm_90a alone, which runs on compute
 # capability 9.0 only (H100, H200): elsewhere they exit 3 and their tests skip. Otherwise they are
 # GPU stages like the others.
-HOPPER_STAGES := 11_wgmma 12_warp_specialized 13_pingpong 14_persistent 17_conditional_rescale 18_exp2_two_pipes
+HOPPER_STAGES := 11_wgmma 12_warp_specialized 13_pingpong 14_persistent 16_hopper_backward 17_conditional_rescale 18_exp2_two_pipes
 # Stages written for generation, a few queries against a long KV cache: measured by make
 # bench-decode, not on the FA-2 paper's grid (make bench, the charts and the README's table leave
 # them out). Otherwise GPU stages like the others.
@@ -110,6 +110,7 @@ COMMON_OBJS := $(filter-out $(BUILD)/common/main.o,$(COMMON_OBJS))
 CUDA_OBJS := $(BUILD)/common/cuda/runner.o
 REF_OBJ := $(BUILD)/stages/01_naive.o   # stage 1 is every stage's reference, linked into each
 LINK_WITH_stage10 := $(BUILD)/stages/09_pipelined.o   # stage 10's forward is stage 9's
+LINK_WITH_stage16 := $(BUILD)/stages/14_persistent.o  # stage 16's forward is stage 14's
 TEST_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/*.c)) $(BUILD)/registry.o
 TEST_CUDA_OBJS := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard tests/*.cu))   # GPU-side tests, with nvcc only
 # compiled for sm_90a alone: the Hopper stages and the tests of their helpers (common/cuda/wgmma.cuh)
@@ -358,6 +359,8 @@ plots: | deps-plots
 DIFF_BASE_11 := 9
 # stage 15 takes stage 9's kernel to a new shape (a few queries, a long split KV cache)
 DIFF_BASE_15 := 9
+# stage 16 moves stage 10's backward to Hopper (11 to 15 are forwards)
+DIFF_BASE_16 := 10
 # stage 17 changes stage 14's softmax (16 is the backward on Hopper)
 DIFF_BASE_17 := 14
 diff%:

@@ -153,6 +153,56 @@ static __device__ __forceinline__ void bulk_load_1d(void *dst, const void *src, 
                  : "memory");
 }
 
+/* ---- the bulk reduce-add (device): shared memory added into global memory by the copy engine ----
+ *
+ * One thread: `bytes` contiguous bytes of fp32 in shared memory at src (a multiple of 16; both
+ * addresses 16-byte aligned) added element by element into global memory at dst, the additions
+ * made in the L2 cache like atomics (so blocks adding into the same dst need no other ordering
+ * for a correct sum). The copy is tracked by *bulk groups* of the issuing thread, not by an
+ * mbarrier: bulk_commit closes a group; bulk_wait_read<N> returns once at most N groups are still
+ * reading their shared memory (src may then be overwritten); bulk_wait<N> once at most N are
+ * unfinished at all (their writes done). The shared memory was written by ordinary stores: the
+ * writers fence (fence_proxy_async_smem) before the barrier that hands it to this thread. Stage 16
+ * adds each block's fp32 dQ tile this way. Plain compute capability 9.0. */
+static __device__ __forceinline__ void bulk_reduce_add_f32(float *dst, const float *src, unsigned bytes)
+{
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+                 ::"l"((uint64_t)dst), "r"(smem_u32(src)), "r"(bytes)
+                 : "memory");
+}
+static __device__ __forceinline__ void bulk_commit()
+{
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+template <int N>
+static __device__ __forceinline__ void bulk_wait_read()
+{
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+template <int N>
+static __device__ __forceinline__ void bulk_wait()
+{
+    asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* Between this thread's ordinary accesses to global memory and the copy engine's (the async
+ * proxy's) that come after it, in program order: a bulk copy issued after it sees what the
+ * ordinary accesses before it saw, and the other way round. */
+static __device__ __forceinline__ void fence_proxy_async_global()
+{
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+
+/* A 32-bit load from global memory with acquire semantics at GPU scope: what the writer released
+ * before the value it stored (an atomic with release, or a store after __threadfence) is visible
+ * after this load returns it. */
+static __device__ __forceinline__ int ld_acquire_gpu(const int *p)
+{
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"((uint64_t)p) : "memory");
+    return v;
+}
+
 /* ---- the mbarrier (device) ---- */
 
 /* One thread, before any use: the barrier expects `count` arrivals per phase. */

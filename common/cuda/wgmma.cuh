@@ -264,11 +264,15 @@ static __device__ __forceinline__ void wgmma_hold(uint32_t (&a)[NT][4])
  *
  * wgmma_ss<T, N, TRANS_B>(d, desc_a, desc_b, accumulate):  D = A * B (+ D), A and B in shared memory
  * wgmma_rs<T, N, TRANS_B>(d, a, desc_b, accumulate):       the same with A from registers a[4]
+ * wgmma_ss<T, N, TRANS_B, TRANS_A>: A in shared memory MN-major (TRANS_A = 1: stored [K][M], each
+ *             row of k contiguous along M, the layout of V_j as a B operand), for 16-bit types; the
+ *             backward (stage 16) reads dS this way from the dS^T tile it wrote
  *   T:        __half or __nv_bfloat16 (the layouts are the same; only the instruction differs)
  *   N:        64, 128 or 256 columns (the shapes the stages use); d is float[N / 8][4]
  *   TRANS_B:  0 when B is K-major (stored [N][K], like K_j in S = Q K^T), 1 when B is MN-major
  *             (stored [K][N], like V_j in O = P V): the instruction's imm-trans-b, allowed for
- *             16-bit types. A is always K-major (imm-trans-a = 0).
+ *             16-bit types. A from registers is always K-major; from shared memory, TRANS_A picks
+ *             (imm-trans-a, 0 by default).
  *   accumulate: 0 makes D = A * B (the scale-d predicate: no need to zero D first), else D += A * B.
  * The PTX operand numbers are literal, so each shape is written out: the accumulators are %0 ..
  * %(N/2 - 1), the other operands follow. */
@@ -296,36 +300,38 @@ static __device__ __forceinline__ void wgmma_hold(uint32_t (&a)[NT][4])
 #define WG_ACC_N64(d) WG_ACC_8(d, 0)
 #define WG_ACC_N128(d) WG_ACC_8(d, 0), WG_ACC_8(d, 8)
 #define WG_ACC_N256(d) WG_ACC_8(d, 0), WG_ACC_8(d, 8), WG_ACC_8(d, 16), WG_ACC_8(d, 24)
-/* SS: operands after the accumulators are desc_a (DA), desc_b (DB), accumulate (P), TRANS_B (TB) */
-#define WG_SS(N, TY, REGS, DA, DB, P, TB) \
+/* SS: operands after the accumulators are desc_a (DA), desc_b (DB), accumulate (P), TRANS_B (TB),
+ * TRANS_A (TA) */
+#define WG_SS(N, TY, REGS, DA, DB, P, TB, TA) \
     "{\n.reg .pred p;\nsetp.ne.b32 p, " P ", 0;\n" \
-    "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " " REGS ", " DA ", " DB ", p, 1, 1, 0, " TB ";\n}\n"
+    "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " " REGS ", " DA ", " DB ", p, 1, 1, " TA ", " TB ";\n}\n"
 /* RS: a[0..3] (A0 = "%k, %k+1, %k+2, %k+3"), desc_b (DB), accumulate (P), TRANS_B (TB) */
 #define WG_RS(N, TY, REGS, A0, DB, P, TB) \
     "{\n.reg .pred p;\nsetp.ne.b32 p, " P ", 0;\n" \
     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " " REGS ", {" A0 "}, " DB ", p, 1, 1, " TB ";\n}\n"
-#define WG_SS_IN "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_B)
+#define WG_SS_IN "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_B), "n"(TRANS_A)
 #define WG_RS_IN "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TRANS_B)
 
-template <typename T, int N, int TRANS_B>
+template <typename T, int N, int TRANS_B, int TRANS_A = 0>
 static __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t desc_a, uint64_t desc_b, int accumulate)
 {
     static_assert(N == 64 || N == 128 || N == 256, "wgmma_ss: N = 64, 128 or 256");
     static_assert(TRANS_B == 0 || TRANS_B == 1, "TRANS_B: 0 (B K-major) or 1 (B MN-major)");
+    static_assert(TRANS_A == 0 || TRANS_A == 1, "TRANS_A: 0 (A K-major) or 1 (A MN-major)");
     constexpr bool BF16 = std::is_same<T, __nv_bfloat16>::value;
     static_assert(BF16 || std::is_same<T, __half>::value, "fp16 or bf16");
     if constexpr (N == 64 && !BF16)
-        asm volatile(WG_SS(64, "f16", WG_REGS_32, "%32", "%33", "%34", "%35") : WG_ACC_N64(d) : WG_SS_IN);
+        asm volatile(WG_SS(64, "f16", WG_REGS_32, "%32", "%33", "%34", "%35", "%36") : WG_ACC_N64(d) : WG_SS_IN);
     else if constexpr (N == 64)
-        asm volatile(WG_SS(64, "bf16", WG_REGS_32, "%32", "%33", "%34", "%35") : WG_ACC_N64(d) : WG_SS_IN);
+        asm volatile(WG_SS(64, "bf16", WG_REGS_32, "%32", "%33", "%34", "%35", "%36") : WG_ACC_N64(d) : WG_SS_IN);
     else if constexpr (N == 128 && !BF16)
-        asm volatile(WG_SS(128, "f16", WG_REGS_64, "%64", "%65", "%66", "%67") : WG_ACC_N128(d) : WG_SS_IN);
+        asm volatile(WG_SS(128, "f16", WG_REGS_64, "%64", "%65", "%66", "%67", "%68") : WG_ACC_N128(d) : WG_SS_IN);
     else if constexpr (N == 128)
-        asm volatile(WG_SS(128, "bf16", WG_REGS_64, "%64", "%65", "%66", "%67") : WG_ACC_N128(d) : WG_SS_IN);
+        asm volatile(WG_SS(128, "bf16", WG_REGS_64, "%64", "%65", "%66", "%67", "%68") : WG_ACC_N128(d) : WG_SS_IN);
     else if constexpr (!BF16)
-        asm volatile(WG_SS(256, "f16", WG_REGS_128, "%128", "%129", "%130", "%131") : WG_ACC_N256(d) : WG_SS_IN);
+        asm volatile(WG_SS(256, "f16", WG_REGS_128, "%128", "%129", "%130", "%131", "%132") : WG_ACC_N256(d) : WG_SS_IN);
     else
-        asm volatile(WG_SS(256, "bf16", WG_REGS_128, "%128", "%129", "%130", "%131") : WG_ACC_N256(d) : WG_SS_IN);
+        asm volatile(WG_SS(256, "bf16", WG_REGS_128, "%128", "%129", "%130", "%131", "%132") : WG_ACC_N256(d) : WG_SS_IN);
 }
 
 template <typename T, int N, int TRANS_B>
