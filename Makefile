@@ -259,6 +259,7 @@ test: all
 # has none and runs its --deterministic path there instead. ($(b) is the stage being sanitized.)
 SANITIZE_FLAG = $(or $(SANITIZE_FLAG_$(b)),--counters)
 SANITIZE_FLAG_stage10 := --deterministic
+SANITIZE_FLAG_stage16 := --deterministic
 SANITIZE_SHAPES = "--seqlen 1 --dim 64" "--seqlen 100 --dim 64 --causal $(SANITIZE_FLAG)" "--seqlen 77 --dim 128" \
                   "--seqlen 130 --dim 128 --causal --batch 2 --heads 3"
 # stages that take more than the shapes above name their extra shapes here
@@ -280,6 +281,10 @@ SANITIZE_SHAPES_stage13 := "--seqlen 130 --dim 256 --dtype bf16 --causal" "--seq
 SANITIZE_SHAPES_stage14 := "--seqlen 130 --dim 256 --dtype bf16 --causal" "--seqlen 300 --dim 64 --dtype bf16 --causal" \
                            "--seqlen 1000 --dim 128" "--seqlen 100 --dim 128 --batch 4 --heads 150" \
                            "--seqlen 17 --dim 64 --causal --batch 2 --heads 400"
+# stage 16: tails of its Q tiles (128 queries at d = 64, 64 at d = 128) and of its K/V tile (128
+# keys), the diagonal crossing two Q tiles, --deterministic with many blocks per dQ tile
+SANITIZE_SHAPES_stage16 := "--seqlen 257 --dim 128 --dtype bf16 --causal" "--seqlen 300 --dim 64 --deterministic" \
+                           "--seqlen 1000 --dim 128 --causal --deterministic" "--seqlen 65 --dim 64 --dtype bf16 --causal"
 SANITIZE_SHAPES_stage17 := $(SANITIZE_SHAPES_stage14)
 SANITIZE_SHAPES_stage18 := $(SANITIZE_SHAPES_stage14)
 # a stage that cannot take the shapes above (stage 15: at most 64 queries, no --counters) names its
@@ -305,7 +310,7 @@ gpu-suites: all
 
 # the grid's GPU stages whose rows are forward: all but stage 10, which measures a backward (make
 # bench-ncu runs these; the charts name the ones with no rows yet)
-FWD_BINS = $(filter-out stage10,$(GRID_BINS))
+FWD_BINS = $(filter-out stage10 stage16,$(GRID_BINS))
 
 # every GPU stage of the grid and PyTorch's SDPA (flash, cuDNN) over the FA-2 paper's grid, in one
 # run, appended to bench/data/<gpu>.csv (stage 10's rows are its backward)

@@ -48,8 +48,9 @@ namespace {
 
 /* ---- configuration ---- */
 
-/* A configuration: HeadDim, Br (queries per Q tile, the N of S^T = K Q^T) and STAGES (ring stages
- * of Q_i, dO_i, L_i, D_i). A block owns Bc = 128 keys, 64 per consumer warpgroup (one wgmma's M).
+/* A configuration: HeadDim, Br (queries per Q tile, the N of S^T = K Q^T), STAGES (ring stages
+ * of Q_i, dO_i, L_i, D_i) and DQ_ATOMICS (1: each consumer thread adds its dQ accumulators into HBM
+ * by float2 atomics, stage 10's way, and the dQ writer idles; bench/ablations/16_dq_atomics.cu). A block owns Bc = 128 keys, 64 per consumer warpgroup (one wgmma's M).
  * Per consumer thread, the accumulators: dK_j and dV_j d/2 fp32 each, S^T and dP^T Br/2 each,
  * and while dV, dK and dQ run, P^T and dS^T packed (Br/4 each) and a dQ tile of 64 x 64 (32):
  *   d = 64,  Br = 128: dK 32 + dV 32 + S 64 + dP 64 = 192 during the softmax
@@ -63,9 +64,9 @@ namespace {
 template <int HeadDim>
 struct cfg;
 template <>
-struct cfg<64> { static constexpr int HeadDim = 64, Br = 128, STAGES = 2; };
+struct cfg<64> { static constexpr int HeadDim = 64, Br = 128, STAGES = 2, DQ_ATOMICS = 0; };
 template <>
-struct cfg<128> { static constexpr int HeadDim = 128, Br = 64, STAGES = 2; };
+struct cfg<128> { static constexpr int HeadDim = 128, Br = 64, STAGES = 2, DQ_ATOMICS = 0; };
 constexpr int WARPGROUP = 4 * WARP_SIZE;
 constexpr int CONSUMERS = 2;       /* consumer warpgroups, 64 keys each */
 constexpr int PRODUCER_REGS = 24;  /* setmaxnreg, per thread of the producer warpgroup */
@@ -79,6 +80,7 @@ constexpr int DQ_THREADS = CONSUMERS * WARPGROUP + WARP_SIZE; /* the consumers a
 template <typename Cfg>
 struct tiles {
     static constexpr int HeadDim = Cfg::HeadDim, Br = Cfg::Br, STAGES = Cfg::STAGES;
+    static constexpr bool DQ_ATOMICS = Cfg::DQ_ATOMICS != 0;
     static constexpr int Bc = 64 * CONSUMERS;
     static constexpr int NTHREADS = (CONSUMERS + 1) * WARPGROUP; /* the consumers, then the producer warpgroup */
     static constexpr int NWARPS = CONSUMERS * 4;                /* consumer warps */
@@ -238,7 +240,7 @@ stage16_backward_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
                     bulk_load_1d(LD + s * 2 * Br + Br, Dsum + rows, Br * sizeof(float), &full[s]);
                 }
             }
-        } else if (warp == Tiles::NWARPS + 1) {
+        } else if (warp == Tiles::NWARPS + 1 && !Tiles::DQ_ATOMICS) {
             /* ---- the dQ writer: each Q tile's fp32 dQ tile, staged by the consumers, added into
              * HBM by one bulk reduce-add ---- */
             for (int it = 0; it < n_iter; it++) {
@@ -405,8 +407,19 @@ stage16_backward_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
         wgmma_hold(dV_acc);
         wgmma_hold(Pa);
         wgmma_hold(dSa);
+        __syncwarp(); /* every lane's reads of L_i and D_i before lane 0 frees their stage */
         if (lane == 0) mbar_arrive(&empty[s]); /* this warp is done with ring stage s */
 
+        if constexpr (Tiles::DQ_ATOMICS) {
+            /* (the ablation) the piece straight from the registers into HBM, in the tile's order */
+            float *to = dQ_acc + ((size_t)bh * Tr + i) * Br * HeadDim + wg * Tiles::PIECE + 4 * tid_wg;
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++) {
+                atomicAdd((float2 *)(to + 4 * nt * WARPGROUP), make_float2(dQ[nt][0], dQ[nt][1]));
+                atomicAdd((float2 *)(to + 4 * nt * WARPGROUP + 2), make_float2(dQ[nt][2], dQ[nt][3]));
+            }
+            continue;
+        }
         /* the piece into the staged dQ tile, once the writer has sent the last one */
         if (it > 0) named_barrier_sync(BAR_DQ_EMPTY, DQ_THREADS);
         float4 *piece = (float4 *)dQ_tile + wg * (Tiles::PIECE / 4);
@@ -485,6 +498,10 @@ int launch(const struct attn_args *a, char *why, size_t n)
     typedef tiles<Cfg> Tiles;
     constexpr int HeadDim = Tiles::HeadDim, Br = Tiles::Br, Bc = Tiles::Bc;
     const size_t smem = Tiles::bytes;
+    if (Tiles::DQ_ATOMICS && DETERMINISTIC) {
+        snprintf(why, n, "dQ by atomics has no order: --deterministic needs the bulk reduce-add");
+        return ATTN_UNSUPPORTED;
+    }
     if (int rc = smem_optin(stage16_backward_kernel<T, Cfg, DETERMINISTIC>, smem, HeadDim, why, n)) return rc;
     const struct shape *sh = &a->sh;
     const long long bh = (long long)sh->B * sh->H;
@@ -575,8 +592,9 @@ int tiles_for(const struct attn_args *a, int backward, size_t limit, struct tile
                      Tiles::HeadDim, Tiles::bytes / 1024, Tiles::bytes % 1024 * 10 / 1024, limit / 1024, smem_cap_words(limit));
             return (int)ATTN_UNSUPPORTED;
         }
-        return tiles_found(c, Tiles::Br, Tiles::Bc, Tiles::bytes, "Q tiles Br=%d, K/V tile Bc=%d, %d stages, 2 consumer warpgroups, dQ by bulk reduce-add%s",
-                           Tiles::Br, Tiles::Bc, Tiles::STAGES, a->deterministic ? " in K/V-tile order" : "");
+        return tiles_found(c, Tiles::Br, Tiles::Bc, Tiles::bytes, "Q tiles Br=%d, K/V tile Bc=%d, %d stages, 2 consumer warpgroups, dQ by %s%s",
+                           Tiles::Br, Tiles::Bc, Tiles::STAGES, Tiles::DQ_ATOMICS ? "atomics" : "bulk reduce-add",
+                           a->deterministic ? " in K/V-tile order" : "");
     };
     switch (a->sh.d) {
     case 64: return found(Cfg<64>{});
