@@ -7,7 +7,10 @@
  *     factor of 256). Until then the tile's P_ij is taken against the stale max (at most 256) and
  *     O_i and l_i are not touched: alpha = 1. Only when the max moves are they rescaled, as before;
  *   - a warp rescales its O_i rows together or not at all: a vote (__any_sync) over its rows, so that
- *     the common case, no row moved, costs one vote and skips every O_i *= alpha of the tile.
+ *     the common case, no row moved, costs one vote and skips every O_i *= alpha of the tile;
+ *   - the loop keeps stage 14's shape: the decision has no branch, the vote is taken under P V and
+ *     reads l_i, and the wait for P V branches on it, so the whole softmax stays above that wait;
+ *     the skip is one uniform branch after it (notes/17_conditional_rescale.md: the SASS).
  *   --counters counts the rescales (a row that moved its max), as stages 4 to 9 and 14 count theirs.
  * Why: stage 14 rescales O_i at every tile, the d / 2 FMULs per row and tile of O_i *= alpha, on
  *   the path between the P V wait and the next P V issue; and after the first few tiles of a row the
@@ -168,9 +171,10 @@ constexpr float TAU = 8.f;
  *   (or m_i is -inf and m_new is not: the row's first unmasked key), else keeps m_i;
  *   P = exp2(scale_log2 S - scale_log2 m);  alpha = exp2(scale_log2 (m_i - m)), 1 where m_i stayed;
  *   l_i = alpha l_i + rowsum(P).
- * moved[mt][h]: whether this lane's row moved. Returns whether any row of the warp moved, the same
- * in every lane (a vote): the warp then rescales O_i by alpha (1 on the rows that stayed) or not at
- * all, without diverging. A row that stays -inf (every key so far masked) has P = 0 and alpha = 1. */
+ * moved[mt][h]: whether this lane's row moved. Returns whether any of this lane's rows moved: the
+ * caller's vote over the warp (the kernel's softmax) then rescales O_i by alpha (1 on the rows that
+ * stayed) or not at all, without diverging. A row that stays -inf (every key so far masked) has
+ * P = 0 and alpha = 1. No branch anywhere in it (below). */
 template <int M_TILES, int KT>
 __device__ __forceinline__ bool online_softmax_stale(float (&S)[M_TILES][KT][4], float (&m_i)[M_TILES][2],
                                                      float (&l_i)[M_TILES][2], float (&alpha)[M_TILES][2],
@@ -187,10 +191,15 @@ __device__ __forceinline__ bool online_softmax_stale(float (&S)[M_TILES][KT][4],
             mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1)); /* the quad holds the row */
             mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
             /* scale_log2 > 0: the two products rounded alike (__fmul_rn), as in online_softmax */
-            const float old_l2 = __fmul_rn(m_i[mt][h], scale_log2);
-            const bool move = mx > m_i[mt][h] && (m_i[mt][h] == -INFINITY || __fmul_rn(mx, scale_log2) - old_l2 > TAU);
-            const float m = move ? mx : m_i[mt][h];
-            const float base = m == -INFINITY ? 0.f : __fmul_rn(m, scale_log2);
+            const float old_l2 = __fmul_rn(m_i[mt][h], scale_log2), new_l2 = __fmul_rn(mx, scale_log2);
+            /* One comparison, no branch: mx >= m_i, so the difference is 0 where the max stands,
+             * +inf at the row's first unmasked key (m_i = -inf) and NaN, which compares false, while
+             * every key so far is masked (-inf - -inf). Written as mx > m_i && (m_i == -inf || ...),
+             * the test compiles to two divergent branches per tile (BSSY ... BSYNC) and 20 more
+             * instructions in the loop */
+            const bool move = new_l2 - old_l2 > TAU;
+            const float m = move ? mx : m_i[mt][h], m_l2 = move ? new_l2 : old_l2;
+            const float base = m == -INFINITY ? 0.f : m_l2;
             alpha[mt][h] = move ? exp2_approx(old_l2 - base) : 1.f;
             m_i[mt][h] = m, moved[mt][h] = move, any |= move;
             float sum = 0.f;
@@ -203,7 +212,7 @@ __device__ __forceinline__ bool online_softmax_stale(float (&S)[M_TILES][KT][4],
             }
             l_i[mt][h] = alpha[mt][h] * l_i[mt][h] + sum;
         }
-    return __any_sync(FULL_MASK, any);
+    return any;
 }
 
 /* --counters: one rescale counted per row of the warp that moved its max (rows past N are not) */
@@ -511,7 +520,12 @@ stage17_conditional_rescale_kernel(const __grid_constant__ CUtensorMap tmap_Q, c
             if (key0 + Bc > N || (causal && key0 + Bc - 1 > q0)) mask_scores(S_ij, key0, q0 + row0, N, causal);
 
             bool moved[M_TILES][2];
-            const bool rescale = online_softmax_stale(S_ij, m_i, l_i, alpha, moved, scale_log2);
+            const bool any = online_softmax_stale(S_ij, m_i, l_i, alpha, moved, scale_log2);
+            /* The vote: whether any row of the warp moved, the same answer in every lane. It also
+             * reads l_i (l_i < 0 never holds), so that it needs every exponential of the tile: with
+             * OVERLAP the wait for P V branches on the vote (below), which keeps the softmax above
+             * that wait. */
+            const bool rescale = __any_sync(FULL_MASK, any || l_i[0][0] < 0.f || l_i[0][1] < 0.f);
             if constexpr (!OVERLAP)
                 if (rescale) scale_rows(O_acc, alpha); /* O_i is ours: rescaled here, by the whole warp or not at all */
             count_moved(tally, moved, q0 + row0, N);
@@ -583,8 +597,13 @@ stage17_conditional_rescale_kernel(const __grid_constant__ CUtensorMap tmap_Q, c
                 float alpha[M_TILES][2];
                 const bool rescale = softmax(S_ij, (j + 1) * Bc, alpha); /* exp2 on the MUFU units, P_ij V_j on the tensor cores */
                 /* O_i += P_ij V_j done: O_i is ours again, P_ij's registers free. wgmma_wait_here: a
-                 * plain wait ptxas would place above the softmax (wgmma.cuh), leaving it nothing to overlap */
-                wgmma_wait_here<0>(j);
+                 * plain wait ptxas would place above the softmax (wgmma.cuh), leaving it nothing to
+                 * overlap. Its branch tests j + rescale (never -1), not j alone, and the vote reads
+                 * l_i, the sum of every P of the tile: so the whole softmax is done above the branch,
+                 * hence above the wait, by a dependency rather than by ptxas's choice of order (with
+                 * the vote on the rows' decisions alone, it sinks every exponential below the wait,
+                 * where no P V runs). */
+                wgmma_wait_here<0>(j + rescale);
                 wgmma_hold(O_acc[0]);
                 wgmma_hold(P_ij);
                 release(j); /* tile j's stage: K_j read long ago, V_j now */
