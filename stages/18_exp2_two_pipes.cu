@@ -3,17 +3,22 @@
  *
  * Changed from stage 17: one thing, in online_softmax_stale's exponentials. Every POLY_EVERY-th n8
  *   tile of a row's scores goes through exp2_poly (common/cuda/exp2_poly.cuh: 2^x as 2^j p(f),
- *   j = rint(x) by a magic-number add, p a degree-3 minimax polynomial, j added to the exponent
- *   bits: three FFMA, two FADD, two integer operations), the rest through MUFU's ex2.approx as
- *   before. The share per head dim is in cfg: a quarter at d = 64, an eighth at d = 128, none at
- *   d = 256.
- * Why: the MUFU units do 16 ex2 per clock and SM, the FMA pipe 128 FFMA. At d = 64 the
- *   exponentials take as long as the matmuls (note 13), and MUFU is the bound while the FMA pipe
- *   has room: per score the softmax spends one MUFU (1/16 clock) against about three FP32
- *   operations (3/128); a polynomial exponential costs about seven FP32 operations (7/128). Moving
- *   a share r to the FMA pipe balances the two at 1/16 (1 - r) = 3/128 + 7 r/128, r ~ 0.3.
- *   The polynomial's relative error, 7.5e-5, is under half an ulp of fp16 and bf16: after P is
- *   rounded to 16 bits for P V it differs from MUFU's by at most one ulp, in a few cases.
+ *   j = rint(x) by a magic-number add, p a degree-5 minimax polynomial, j added to the exponent
+ *   bits: in the SASS three FADD, five FFMA, one IMAD and a compare and select, 11 instructions
+ *   where MUFU takes one), the rest through MUFU's ex2.approx as before. The share per head dim is
+ *   in cfg: an eighth at d = 64, a sixteenth at d = 128, none at d = 256.
+ * Why: MUFU does 16 ex2 per clock and SM, 8 clocks per warp instruction on each of the four
+ *   schedulers, which issue one warp instruction per clock. At d = 64 a warp's unmasked tile is 66
+ *   MUFU.EX2 (528 clocks of its scheduler's MUFU) and 425 instructions in all (425 issue clocks);
+ *   three warps share a scheduler: MUFU 1584 clocks a round, issue 1275, the tensor cores' share of
+ *   the round's matmuls 1536. Moving a share r of the 64 exponentials to the polynomial takes
+ *   1536 r off MUFU and puts 1920 r on the issue: they meet at r ~ 0.09, and past it the issue
+ *   binds (r = 1/4: 1758 clocks). So the gain is small at best (MUFU was 3% over the tensor cores),
+ *   and only where MUFU, not latency, sets the pace: the first measurement found MUFU 59% busy
+ *   (notes/18_exp2_two_pipes.md). The share is to be chosen by the sweep (bench/ablations/18_*).
+ *   The polynomial's relative error, 1.87e-7 (3.1 units of 2^-24), is of the order of MUFU's own:
+ *   it moves l_i, hence L = m + log l_i, by at most that, where the suite allows L at least 72
+ *   units of 2^-24 (common/check.c; a degree-3 polynomial, 7.5e-5, 1250 units, failed it).
  * Hopper only: compiled for sm_90a (the Makefile's HOPPER_STAGES); elsewhere it exits 3.
  * Measured on an H200: notes/18_exp2_two_pipes.md.
  * Run: ./stage18 --batch 4 --heads 32 --seqlen 4096 --dim 64 */
@@ -93,13 +98,17 @@ namespace {
  *          d = 256 too).
  * EARLY_Q at d = 64 only: at d = 128 and 256 O keeps its staging through Q_i and its 16-byte
  * stores (the early Q_i measured below 1x there: notes/14_persistent.md).
- * What each choice measured: notes/13_pingpong.md, notes/14_persistent.md. */
+ * POLY_EVERY: 8 at d = 64 (r = 1/8; the issue and MUFU meet near r = 0.09, above), 16 at d = 128
+ * (r = 1/16, one n8 tile of a row's sixteen: the softmax is half the matmuls' time there, so little
+ * to win), 0 at d = 256; bench/ablations/18_more_poly.cu and 18_less_poly.cu time twice and half
+ * the share, stage 17 none.
+ * What each choice measured: notes/13_pingpong.md, notes/14_persistent.md, notes/18_exp2_two_pipes.md. */
 template <int HeadDim>
 struct cfg;
 template <>
-struct cfg<64> { static constexpr int HeadDim = 64, NWARPGROUPS = 3, Bc = 128, STAGES = 4, TURNED = 1, PINGPONG = 1, OVERLAP = 1, EARLY_Q = 1, POLY_EVERY = 4; };
+struct cfg<64> { static constexpr int HeadDim = 64, NWARPGROUPS = 3, Bc = 128, STAGES = 4, TURNED = 1, PINGPONG = 1, OVERLAP = 1, EARLY_Q = 1, POLY_EVERY = 8; };
 template <>
-struct cfg<128> { static constexpr int HeadDim = 128, NWARPGROUPS = 2, Bc = 128, STAGES = 3, TURNED = 1, PINGPONG = 1, OVERLAP = 1, EARLY_Q = 0, POLY_EVERY = 8; };
+struct cfg<128> { static constexpr int HeadDim = 128, NWARPGROUPS = 2, Bc = 128, STAGES = 3, TURNED = 1, PINGPONG = 1, OVERLAP = 1, EARLY_Q = 0, POLY_EVERY = 16; };
 template <>
 struct cfg<256> { static constexpr int HeadDim = 256, NWARPGROUPS = 2, Bc = 64, STAGES = 2, TURNED = 0, PINGPONG = 0, OVERLAP = 0, EARLY_Q = 0, POLY_EVERY = 0; };
 constexpr int WARPGROUP = 4 * WARP_SIZE; /* threads that issue one wgmma together */
@@ -174,9 +183,10 @@ constexpr float TAU = 8.f;
  *   (or m_i is -inf and m_new is not: the row's first unmasked key), else keeps m_i;
  *   P = exp2(scale_log2 S - scale_log2 m);  alpha = exp2(scale_log2 (m_i - m)), 1 where m_i stayed;
  *   l_i = alpha l_i + rowsum(P).
- * moved[mt][h]: whether this lane's row moved. Returns whether any row of the warp moved, the same
- * in every lane (a vote): the warp then rescales O_i by alpha (1 on the rows that stayed) or not at
- * all, without diverging. A row that stays -inf (every key so far masked) has P = 0 and alpha = 1. */
+ * moved[mt][h]: whether this lane's row moved. Returns whether any of this lane's rows moved: the
+ * caller's vote over the warp (the kernel's softmax) then rescales O_i by alpha (1 on the rows that
+ * stayed) or not at all, without diverging. A row that stays -inf (every key so far masked) has
+ * P = 0 and alpha = 1. No branch anywhere in it (below). */
 template <int POLY_EVERY, int M_TILES, int KT>
 __device__ __forceinline__ bool online_softmax_stale(float (&S)[M_TILES][KT][4], float (&m_i)[M_TILES][2],
                                                      float (&l_i)[M_TILES][2], float (&alpha)[M_TILES][2],
@@ -193,10 +203,15 @@ __device__ __forceinline__ bool online_softmax_stale(float (&S)[M_TILES][KT][4],
             mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1)); /* the quad holds the row */
             mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
             /* scale_log2 > 0: the two products rounded alike (__fmul_rn), as in online_softmax */
-            const float old_l2 = __fmul_rn(m_i[mt][h], scale_log2);
-            const bool move = mx > m_i[mt][h] && (m_i[mt][h] == -INFINITY || __fmul_rn(mx, scale_log2) - old_l2 > TAU);
-            const float m = move ? mx : m_i[mt][h];
-            const float base = m == -INFINITY ? 0.f : __fmul_rn(m, scale_log2);
+            const float old_l2 = __fmul_rn(m_i[mt][h], scale_log2), new_l2 = __fmul_rn(mx, scale_log2);
+            /* One comparison, no branch: mx >= m_i, so the difference is 0 where the max stands,
+             * +inf at the row's first unmasked key (m_i = -inf) and NaN, which compares false, while
+             * every key so far is masked (-inf - -inf). Written as mx > m_i && (m_i == -inf || ...),
+             * the test compiles to two divergent branches per tile (BSSY ... BSYNC) and 20 more
+             * instructions in the loop */
+            const bool move = new_l2 - old_l2 > TAU;
+            const float m = move ? mx : m_i[mt][h], m_l2 = move ? new_l2 : old_l2;
+            const float base = m == -INFINITY ? 0.f : m_l2;
             alpha[mt][h] = move ? exp2_approx(old_l2 - base) : 1.f;
             m_i[mt][h] = m, moved[mt][h] = move, any |= move;
             float sum = 0.f;
@@ -215,7 +230,7 @@ __device__ __forceinline__ bool online_softmax_stale(float (&S)[M_TILES][KT][4],
             }
             l_i[mt][h] = alpha[mt][h] * l_i[mt][h] + sum;
         }
-    return __any_sync(FULL_MASK, any);
+    return any;
 }
 
 /* --counters: one rescale counted per row of the warp that moved its max (rows past N are not) */
@@ -523,7 +538,12 @@ stage18_exp2_two_pipes_kernel(const __grid_constant__ CUtensorMap tmap_Q, const 
             if (key0 + Bc > N || (causal && key0 + Bc - 1 > q0)) mask_scores(S_ij, key0, q0 + row0, N, causal);
 
             bool moved[M_TILES][2];
-            const bool rescale = online_softmax_stale<Tiles::POLY_EVERY>(S_ij, m_i, l_i, alpha, moved, scale_log2);
+            const bool any = online_softmax_stale<Tiles::POLY_EVERY>(S_ij, m_i, l_i, alpha, moved, scale_log2);
+            /* The vote: whether any row of the warp moved, the same answer in every lane. It also
+             * reads l_i (l_i < 0 never holds), so that it needs every exponential of the tile: with
+             * OVERLAP the wait for P V branches on the vote (below), which keeps the softmax above
+             * that wait. */
+            const bool rescale = __any_sync(FULL_MASK, any || l_i[0][0] < 0.f || l_i[0][1] < 0.f);
             if constexpr (!OVERLAP)
                 if (rescale) scale_rows(O_acc, alpha); /* O_i is ours: rescaled here, by the whole warp or not at all */
             count_moved(tally, moved, q0 + row0, N);
@@ -595,8 +615,13 @@ stage18_exp2_two_pipes_kernel(const __grid_constant__ CUtensorMap tmap_Q, const 
                 float alpha[M_TILES][2];
                 const bool rescale = softmax(S_ij, (j + 1) * Bc, alpha); /* exp2 on the MUFU units, P_ij V_j on the tensor cores */
                 /* O_i += P_ij V_j done: O_i is ours again, P_ij's registers free. wgmma_wait_here: a
-                 * plain wait ptxas would place above the softmax (wgmma.cuh), leaving it nothing to overlap */
-                wgmma_wait_here<0>(j);
+                 * plain wait ptxas would place above the softmax (wgmma.cuh), leaving it nothing to
+                 * overlap. Its branch tests j + rescale (never -1), not j alone, and the vote reads
+                 * l_i, the sum of every P of the tile: so the whole softmax is done above the branch,
+                 * hence above the wait, by a dependency rather than by ptxas's choice of order (with
+                 * the vote on the rows' decisions alone, it sinks every exponential below the wait,
+                 * where no P V runs). */
+                wgmma_wait_here<0>(j + rescale);
                 wgmma_hold(O_acc[0]);
                 wgmma_hold(P_ij);
                 release(j); /* tile j's stage: K_j read long ago, V_j now */

@@ -1,7 +1,7 @@
-/* 18_more_poly.cu: stage 18 with twice its share of exponentials on the FMA pipe: every 2nd n8 tile
- * of S's columns by the polynomial at d = 64 (stage 18: every 4th), every 4th at d = 128 (stage 18:
- * every 8th); d = 256 as in stage 18. With 18_less_poly and stage 17 (no share), the sweep that
- * chose stage 18's POLY_EVERY. Timed beside stage 18 by bench/ablate.sh. */
+/* 18_more_poly.cu: stage 18 with twice its share of exponentials on the FMA pipe: every 4th n8 tile
+ * of S's columns by the polynomial at d = 64 (stage 18: every 8th), every 8th at d = 128 (stage 18:
+ * every 16th); d = 256 as in stage 18 (none). With 18_less_poly and stage 17 (no share), the sweep
+ * that chooses stage 18's POLY_EVERY. Timed beside stage 18 by bench/ablate.sh. */
 #include "stages/18_exp2_two_pipes.cu"
 #include "common/ablation.h"
 
