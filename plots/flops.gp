@@ -33,6 +33,10 @@ do for [d in '64 128'] {
 eval keystrip(0.005, 0.125)
 set key center center horizontal Left reverse spacing 1.3 samplen 6 box font ',13'
 caption = strlen(note) > 0 ? note . "\n" . nudged : nudged
-set label 1 caption at screen 0.5, 0.155 center font ',13' tc rgb '#404040' noenhanced
+# a label's first line sits at its y and the others below it: raise it a line's height (0.015 of
+# the height) for each line past two, so that its last line stays above the key's strip
+lines = 1
+do for [i = 1:strlen(caption)] { if (caption[i:i] eq "\n") { lines = lines + 1 } }
+set label 1 caption at screen 0.5, 0.155 + 0.015 * (lines > 2 ? lines - 2 : 0) center font ',13' tc rgb '#404040' noenhanced
 plot for [i = 1:words(series)] NaN with linespoints ls style(word(series, i)) title field(titles, i)
 unset multiplot

@@ -11,7 +11,8 @@
 #                            (bench/data/anchors/fa2_paper_a100.csv); stage 4's blocks on a top axis,
 #                            shaded where they are fewer than the SMs, and a caption on why ours grow
 #                            with N
-#   plots/<gpu>_bwd      (c) backward TFLOP/s against N: stage 10 beside torch-flash, torch-cudnn
+#   plots/<gpu>_bwd      (c) backward TFLOP/s against N: the backward stages (GPU_BINS less FWD_BINS:
+#                            stages 10 and 16) beside torch-flash, torch-cudnn
 #   plots/<gpu>_hbm      (e) HBM bytes per stage at one shape: the stage's formula beside the DRAM
 #                            bytes Nsight Compute measured (bench/data/<gpu>_hbm.csv, `make bench-ncu`),
 #                            with a caption on why a measured bar falls short of its formula (the L2)
@@ -114,11 +115,13 @@ for csv in "${gpu_csvs[@]}"; do
   }
 
   # ---- (a) forward and (c) backward TFLOP/s: one chart per direction ----
-  # the latest grid row of each (series, d, causal, N): "series d causal N tflops", and the runs
+  # the latest grid row of each (series, d, causal, N) at the head dims flops.gp draws (64, 128):
+  # "series d causal N tflops", and the runs of those rows alone (the heading names no run whose
+  # rows are at another d only)
   for dir in fwd bwd; do
     csv_awk -f grid.awk -v dir="$dir" -v runs="$tmp/runs.txt" '{ grid_add() }
       END { for (k in G_last) { split(k, f, SUBSEP); if (f[2] != dir) continue
-              split(f[3], p, " "); print f[1], p[1], p[2], p[3], grid_tf(f[1], dir, G_last[k], f[3]); print f[1], G_last[k] > runs } }' "$csv" |
+              split(f[3], p, " "); if (p[1] != 64 && p[1] != 128) continue; print f[1], p[1], p[2], p[3], grid_tf(f[1], dir, G_last[k], f[3]); print f[1], G_last[k] > runs } }' "$csv" |
       sort -k1,1 -k2,2n -k3,3n -k4,4n > "$tmp/$dir.dat"
     mapfile -t series < <(cut -d' ' -f1 "$tmp/$dir.dat" | order_series)
     if [ ${#series[@]} -eq 0 ]; then

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # readme_table.sh: the README's results table, from the measured CSVs alone (never typed by hand):
 # each stage's forward speed at one point of the benchmark grid, its speedup over the stage before
-# it and its ratio to FlashAttention-2 (torch-flash) measured in the same run, then the GPU, the
-# CPU machine and the commits the rows come from, and stage 9 (forward) and stage 10 (backward)
-# against FlashAttention-2 over the grid. Every GPU ratio is plots/grid.awk's, the comparison
-# plots/ratio.sh and plots/table.sh make. `make plots` runs it with --splice README.md, which
-# rewrites the lines between <!-- results:begin --> and <!-- results:end -->; without --splice
-# the table goes to stdout.
+# it and its ratio to FlashAttention-2 (torch-flash) measured in the same run (a backward stage:
+# its backward speed, and its speedup over the backward stage before it), then the GPU, the CPU
+# machine and the commits the rows come from, and, over the grid, stage 9 (forward) against
+# FlashAttention-2 and each backward stage against FlashAttention-2's backward, cuDNN's and the
+# backward stage before it, the fastest of them named. Every GPU ratio is plots/grid.awk's, the
+# comparison plots/ratio.sh and plots/table.sh make. `make plots` runs it with --splice README.md,
+# which rewrites the lines between <!-- results:begin --> and <!-- results:end -->; without
+# --splice the table goes to stdout.
 #   plots/readme_table.sh [--gpu h200] [--seqlen 4096] [--dim 64] [--splice README.md]
 #
 # The stages, in order, are the Makefile's (csv_stage_lists in bench/csv.sh); one not measured
@@ -27,9 +29,9 @@ gpu=""
 n=4096
 d=64
 splice=""
-# the comparisons over the grid (N >= GRID_MIN_N, d = 64 and 128, causal and not)
+# the comparisons over the grid (N >= GRID_MIN_N, d = 64 and 128, causal and not): the forward
+# stage at FlashAttention-2's speed, and every backward stage (BWD_BINS, below)
 FWD_STAGE=stage9
-BWD_STAGE=stage10
 GRID_MIN_N=1024
 while [ $# -gt 0 ]; do
   case $1 in
@@ -40,7 +42,9 @@ while [ $# -gt 0 ]; do
     *) echo "usage: plots/readme_table.sh [--gpu GPU] [--seqlen N] [--dim d] [--splice README.md]" >&2; exit 2 ;;
   esac
 done
-csv_stage_lists   # CPU_BINS, GPU_BINS: the stages the Makefile lists
+csv_stage_lists   # CPU_BINS, GPU_BINS, FWD_BINS: the stages the Makefile lists
+# the backward stages, in order: the GPU stages whose rows are not forward (GPU_BINS less FWD_BINS)
+BWD_BINS=$(for s in $GPU_BINS; do case " $FWD_BINS " in *" $s "*) ;; *) printf '%s ' "$s" ;; esac; done)
 if [ -z "$gpu" ]; then # the GPU with the most rows
   gpu=$(for f in "$data"/*.csv; do
           case $(basename "$f") in cpu.csv | *_hbm.csv | *_decode.csv | *_matmul.csv) continue ;; esac
@@ -53,7 +57,7 @@ ccsv="$data/cpu.csv"
 [ -r "$ccsv" ] || ccsv=/dev/null
 
 table=$(csv_awk -f "$here/grid.awk" -v N="$n" -v D="$d" -v gpu="$gpu" -v gfile="${gcsv#"$root"/}" \
-  -v cpu_bins="$CPU_BINS" -v gpu_bins="$GPU_BINS" -v fwd_stage="$FWD_STAGE" -v bwd_stage="$BWD_STAGE" -v minn="$GRID_MIN_N" '
+  -v cpu_bins="$CPU_BINS" -v gpu_bins="$GPU_BINS" -v fwd_stage="$FWD_STAGE" -v bwd_bins="$BWD_BINS" -v minn="$GRID_MIN_N" '
   function num(s) { return substr(s, 6) }
   function list(a, n,    i, out) { for (i = 1; i <= n; i++) out = out (i > 1 ? ", " : "") a[i]; return out }
   # a run named in the footnote, with what it measured ("4", "10 backward")
@@ -79,7 +83,8 @@ table=$(csv_awk -f "$here/grid.awk" -v N="$n" -v D="$d" -v gpu="$gpu" -v gfile="
     dagger = 0
     printf "| stage | idea | forward, N = %d, d = %d | × previous stage | × FlashAttention-2, same run | run |\n", N, D
     print "|---|---|---|---|---|---|"
-    nc = split(cpu_bins, cb, " "); ng = split(gpu_bins, gb, " ")
+    nc = split(cpu_bins, cb, " "); ng = split(gpu_bins, gb, " "); nbw = split(bwd_bins, bw, " ")
+    for (i = 2; i <= nbw; i++) prev_bwd[bw[i]] = bw[i - 1]   # the backward stage before each
     prev = ""
     for (i = 1; i <= nc; i++) {
       s = cb[i]
@@ -105,8 +110,14 @@ table=$(csv_awk -f "$here/grid.awk" -v N="$n" -v D="$d" -v gpu="$gpu" -v gfile="
         if (grid_tf("torch-flash", "fwd", r, "" D " 0 " N) != "") flrun[r] = grid_tf("torch-flash", "fwd", r, "" D " 0 " N)
       }
       if (rb != "") {
+        # × the backward stage before it (not the stage numbered before, a forward): as above
+        pb = (s in prev_bwd) ? prev_bwd[s] : ""
+        if (pb == "") sp = "–"
+        else if (grid_over(s, pb, "bwd", rb, pt)) sp = sprintf("%.2f× (over stage %s)", OV_q[1], num(pb))
+        else if (grid_via(s, pb, "torch-flash", "bwd", pt)) { sp = sprintf("%.2f× † (over stage %s)", OV_q[1], num(pb)); dagger = 1 }
+        else sp = "–"
         fa = grid_over(s, "torch-flash", "bwd", rb, pt) ? sprintf("%.2f× (backward)", OV_q[1]) : "–"
-        printf "| %s | %s | backward: %.1f TFLOP/s | – | %s | %s |\n", num(s), label[s], grid_tf(s, "bwd", rb, "" D " 0 " N), fa, rb
+        printf "| %s | %s | backward: %.1f TFLOP/s | %s | %s | %s |\n", num(s), label[s], grid_tf(s, "bwd", rb, "" D " 0 " N), sp, fa, rb
         credit(rb, num(s) " backward")
         if (grid_tf("torch-flash", "bwd", rb, "" D " 0 " N) != "") flbrun[rb] = grid_tf("torch-flash", "bwd", rb, "" D " 0 " N)
       }
@@ -136,18 +147,41 @@ table=$(csv_awk -f "$here/grid.awk" -v N="$n" -v D="$d" -v gpu="$gpu" -v gfile="
       print "."
     }
     if (dagger) print "- † the two stages come from different runs: the ratio of their ratios to torch-flash, each measured in its own run."
-    # the forward stage at FlashAttention-2'"'"'s speed, and the backward, against it over the grid
+    # the forward stage at FlashAttention-2'"'"'s speed against it over the grid
     grid = "d=64,128 nmin=" minn
-    for (w = 1; w <= 2; w++) {
-      s = (w == 1) ? fwd_stage : bwd_stage; dir = (w == 1) ? "fwd" : "bwd"
-      what = (w == 1) ? "FlashAttention-2" : "FlashAttention-2'"'"'s backward"
-      if (grid_over(s, "torch-flash", dir, "", grid))
-        printf "- %s, over the grid'"'"'s %d points with N ≥ %d (d = 64 and 128, causal and not): stage %s runs at %.2f to %.2f times %s, geometric mean %.2f (run %s, both measured in it).\n",
-          w == 1 ? "Forward" : "Backward", OV_n, minn, num(s), OV_min, OV_max, w == 1 ? "FlashAttention-2'"'"'s speed" : "FlashAttention-2'"'"'s backward", OV_gm, OV_run
-      else if (OV_run == "")
-        printf "- Stage %s against %s over the grid: not measured yet (no stage %s %s rows in `%s`; `make bench`).\n", num(s), what, num(s), w == 1 ? "forward" : "backward", gfile
-      else
-        printf "- Stage %s against %s over the grid: torch-flash was not measured in stage %s'"'"'s run %s.\n", num(s), what, num(s), OV_run
+    over = sprintf("over the grid'"'"'s %%d points with N ≥ %d (d = 64 and 128, causal and not)", minn)
+    s = fwd_stage
+    if (grid_over(s, "torch-flash", "fwd", "", grid))
+      printf "- Forward, " over ": stage %s runs at %.2f to %.2f times FlashAttention-2'"'"'s speed, geometric mean %.2f (run %s, both measured in it).\n",
+        OV_n, num(s), OV_min, OV_max, OV_gm, OV_run
+    else if (OV_run == "")
+      printf "- Stage %s against FlashAttention-2 over the grid: not measured yet (no stage %s forward rows in `%s`; `make bench`).\n", num(s), num(s), gfile
+    else
+      printf "- Stage %s against FlashAttention-2 over the grid: torch-flash was not measured in stage %s'"'"'s run %s.\n", num(s), num(s), OV_run
+    # each backward stage over the grid, in its latest run: against FlashAttention-2'"'"'s backward,
+    # cuDNN'"'"'s and the backward stage before it, each where measured in that run; the one with the
+    # highest geometric mean over FlashAttention-2'"'"'s (so over every other, each in its own run) is
+    # named the course'"'"'s fastest, where more than one was measured
+    nbm = 0; best = ""
+    for (i = 1; i <= nbw; i++)
+      if (grid_over(bw[i], "torch-flash", "bwd", "", grid)) { nbm++; if (best == "" || OV_gm > best_gm) { best = bw[i]; best_gm = OV_gm } }
+    for (i = 1; i <= nbw; i++) {
+      s = bw[i]
+      if (!grid_over(s, "torch-flash", "bwd", "", grid)) {
+        if (OV_run == "") printf "- Stage %s against FlashAttention-2'"'"'s backward over the grid: not measured yet (no stage %s backward rows in `%s`; `make bench`).\n", num(s), num(s), gfile
+        else printf "- Stage %s against FlashAttention-2'"'"'s backward over the grid: torch-flash was not measured in stage %s'"'"'s run %s.\n", num(s), num(s), OV_run
+        continue
+      }
+      r = OV_run; n0 = OV_n; np = 0
+      part[++np] = sprintf("%.2f to %.2f times FlashAttention-2'"'"'s backward (geometric mean %.2f)", OV_min, OV_max, OV_gm)
+      if (grid_over(s, "torch-cudnn", "bwd", r, grid))
+        part[++np] = sprintf("%.2f to %.2f times cuDNN'"'"'s (geometric mean %.2f%s)", OV_min, OV_max, OV_gm, OV_n == n0 ? "" : sprintf(", %d points", OV_n))
+      if ((s in prev_bwd) && grid_over(s, prev_bwd[s], "bwd", r, grid))
+        part[++np] = sprintf("%.2f to %.2f times stage %s'"'"'s (geometric mean %.2f%s)", OV_min, OV_max, num(prev_bwd[s]), OV_gm, OV_n == n0 ? "" : sprintf(", %d points", OV_n))
+      line = part[1]
+      for (j = 2; j <= np; j++) line = line (j == np ? " and " : ", ") part[j]
+      printf "- Backward, " over ": stage %s%s runs at %s; run %s, all measured in it.\n",
+        n0, num(s), (s == best && nbm > 1) ? ", the course'"'"'s fastest backward," : "", line, r
     }
   }' "$here/labels.csv" "$ccsv" "$gcsv")
 

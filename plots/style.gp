@@ -25,7 +25,9 @@ field(s, i) = i <= 1 ? (bar(s) ? s[1:bar(s) - 1] : s) : (bar(s) ? field(s[bar(s)
 # 4, 5 and 6 run within a few percent; stage 9 runs on torch-flash's line) are still told apart:
 # a colour, a dash pattern and a marker. Stage N is line style 20 + N (a new stage adds its line
 # here). Stages are coloured, with filled markers, no two GPU forward stages (4-9) sharing a marker
-# and no two consecutive stages a dash pattern: solid, long dash, dash-dot, in turn. The yardsticks
+# and no two consecutive stages a dash pattern: solid, long dash, dash-dot, in turn. The backward
+# stages (10, 16) share a chart with the yardsticks alone: solid, thick, colours apart, stage 16's
+# filled triangle showing inside torch-cudnn's open square where the two lines meet. The yardsticks
 # are black or grey, thick, with open markers and dash patterns no stage uses, so that they never
 # read as one of the stages:
 #   11 torch-flash (FlashAttention-2), and cpu-blas (unfused through OpenBLAS), the CPU chart's
@@ -41,6 +43,7 @@ set style line 27 lc rgb '#2ca02c' lw 2 pt 11 ps 1.5 dt 1
 set style line 28 lc rgb '#1f77b4' lw 2.5 pt 13 ps 1.5 dt (16, 5)
 set style line 29 lc rgb '#9467bd' lw 2.5 pt 15 ps 1.5 dt 1
 set style line 30 lc rgb '#00897b' lw 2.5 pt 7 ps 1.3 dt 1
+set style line 36 lc rgb '#c2185b' lw 2.5 pt 9 ps 1.6 dt 1
 set style line 11 lc rgb '#000000' lw 3.5 pt 6 ps 1.5 dt (8, 6)
 set style line 12 lc rgb '#8a8a8a' lw 3.5 pt 4 ps 1.5 dt (2, 4)
 set style line 13 lc rgb '#000000' lw 2.5 pt 8 ps 1.8 dt (6, 4, 2, 4)
