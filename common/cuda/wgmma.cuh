@@ -166,7 +166,8 @@ static __device__ __forceinline__ uint64_t wgmma_desc_kmajor(unsigned smem_addr)
     return wgmma_desc(smem_addr, 16, SW128_ATOM_BYTES);
 }
 
-/* An MN-major B operand (stored [K][N]) whose column blocks lie block_bytes apart. */
+/* An MN-major operand (B stored [K][N], or A stored [K][M] for wgmma_ss's TRANS_A) whose column
+ * blocks lie block_bytes apart. */
 static __device__ __forceinline__ uint64_t wgmma_desc_mnmajor(unsigned smem_addr, unsigned block_bytes)
 {
     return wgmma_desc(smem_addr, block_bytes, SW128_ATOM_BYTES);
