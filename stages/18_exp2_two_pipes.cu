@@ -12,7 +12,7 @@
  *   MUFU.EX2 (528 clocks of its scheduler's MUFU) and 425 instructions in all (425 issue clocks);
  *   three warps share a scheduler: MUFU 1584 clocks a round, issue 1275, the tensor cores' share of
  *   the round's matmuls 1536. Moving a share r of the 64 exponentials to the polynomial takes
- *   1536 r off MUFU and puts 1920 r on the issue: they meet at r ~ 0.09, and past it the issue
+ *   1536 r off MUFU and puts 1920 r on instruction issue: they meet at r ~ 0.09, and past it issue
  *   binds (r = 1/4: 1758 clocks). So the gain is small at best (MUFU was 3% over the tensor cores),
  *   and only where MUFU, not latency, sets the pace: the first measurement found MUFU 59% busy
  *   (notes/18_exp2_two_pipes.md). The share is to be chosen by the sweep (bench/ablations/18_*).
@@ -98,7 +98,7 @@ namespace {
  *          d = 256 too).
  * EARLY_Q at d = 64 only: at d = 128 and 256 O keeps its staging through Q_i and its 16-byte
  * stores (the early Q_i measured below 1x there: notes/14_persistent.md).
- * POLY_EVERY: 8 at d = 64 (r = 1/8; the issue and MUFU meet near r = 0.09, above), 16 at d = 128
+ * POLY_EVERY: 8 at d = 64 (r = 1/8; instruction issue and MUFU meet near r = 0.09, above), 16 at d = 128
  * (r = 1/16, one n8 tile of a row's sixteen: the softmax is half the matmuls' time there, so little
  * to win), 0 at d = 256; bench/ablations/18_more_poly.cu and 18_less_poly.cu time twice and half
  * the share, stage 17 none.
