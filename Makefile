@@ -352,6 +352,12 @@ bench/cpu_blas: bench/cpu_blas.c $(COMMON_OBJS) $(REF_OBJ)
 	@$(if $(Q),echo "  CC    $@")
 	$(Q)$(CC) $(ALL_CFLAGS) $(LDFLAGS) $^ -o $@ $(BLAS_LIBS) -lm
 
+# FP8's error before the FP8 stage: its arithmetic emulated on the CPU against the fp64 oracle, per
+# way of quantizing (bench/fp8_error.c)
+bench/fp8_error: bench/fp8_error.c $(COMMON_OBJS) $(REF_OBJ)
+	@$(if $(Q),echo "  CC    $@")
+	$(Q)$(CC) $(ALL_CFLAGS) $(LDFLAGS) $^ -o $@ -lm
+
 # every chart (PNG and SVG, into plots/) and the README's results table, from bench/data/ alone;
 # the stage lists name the stages not measured yet (README=FILE: the table into FILE instead)
 plots: | deps-plots
@@ -377,6 +383,6 @@ diff%:
 	diff -u -b "$$a" "$$b"; test $$? -le 1
 
 clean:
-	rm -rf $(BUILD) tests/attn_tests $(CPU_BINS) $(GPU_BINS) $(ABLATION_BINS) bench/cpu_blas bench/copy_bw $(FLAVOR_STAMP)
+	rm -rf $(BUILD) tests/attn_tests $(CPU_BINS) $(GPU_BINS) $(ABLATION_BINS) bench/cpu_blas bench/copy_bw bench/fp8_error $(FLAVOR_STAMP)
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,4 +1,4 @@
-/* half.c: fp16 and bf16 conversions on the host (round to nearest, ties to even). */
+/* half.c: fp16, bf16 and FP8 e4m3 conversions on the host (round to nearest, ties to even). */
 #include "half.h"
 #include "attn.h"
 #include <math.h>
@@ -47,6 +47,31 @@ uint16_t f32_to_bf16(float x)
 }
 
 float bf16_to_f32(uint16_t h) { return float_of((uint32_t)h << 16); }
+
+uint8_t f32_to_e4m3(float x)
+{
+    if (isnan(x)) return 0x7f;
+    const uint8_t sign = signbit(x) ? 0x80 : 0;
+    const float a = fabsf(x);
+    if (a >= E4M3_MAX) return sign | 0x7e; /* 448 and up, infinity included: saturate */
+    if (a < 1.0f / 64) /* below 2^-6: a subnormal, in units of 2^-9 (8 of them make 2^-6, code 0x08) */
+        return sign | (uint8_t)lrintf(a * 512.0f); /* exact scaling; lrintf rounds ties to even */
+    int e2;
+    const float f = frexpf(a, &e2);                 /* a = f 2^e2, f in [0.5, 1): a = 2f 2^(e2 - 1) */
+    int e = e2 - 1, q = (int)lrintf((2.0f * f - 1.0f) * 8.0f); /* 3 mantissa bits, ties to even */
+    if (q == 8) q = 0, e++;                         /* rounded up to the next power of 2 */
+    if (e + 7 > 15 || (e + 7 == 15 && q == 7)) return sign | 0x7e; /* past 448 after rounding */
+    return sign | (uint8_t)((e + 7) << 3 | q);
+}
+
+float e4m3_to_f32(uint8_t c)
+{
+    const float sign = c & 0x80 ? -1.0f : 1.0f;
+    const int e = (c >> 3) & 15, m = c & 7;
+    if (e == 15 && m == 7) return NAN;
+    if (e == 0) return sign * (float)m * (1.0f / 512);
+    return sign * ldexpf(1.0f + (float)m / 8, e - 7);
+}
 
 float round_to_dtype(float x, int dtype)
 {
