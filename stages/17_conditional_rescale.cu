@@ -11,13 +11,14 @@
  *   - the loop keeps stage 14's shape: the decision has no branch, the vote is taken under P V and
  *     reads l_i, and the wait for P V branches on it, so the whole softmax stays above that wait;
  *     the skip is one uniform branch after it (notes/17_conditional_rescale.md: the SASS).
- *   --counters counts the rescales (a row that moved its max), as stages 4 to 9 and 14 count theirs.
+ *   --counters counts a rescale per row that moved its max, as stages 4 to 9 and 14 count theirs
+ *   (a count of rows: the vote rescales all 16 rows of a warp when any of them moves).
  * Why: stage 14 rescales O_i at every tile, the d / 2 FMULs per row and tile of O_i *= alpha, on
  *   the path between the P V wait and the next P V issue; and after the first few tiles of a row the
  *   max rarely rises, and almost never by a factor of 256. The division by l_i at the end, against
  *   the same m, keeps the result exact whichever m a row keeps.
  * Hopper only: compiled for sm_90a (the Makefile's HOPPER_STAGES); elsewhere it exits 3.
- * Measured on an H200: notes/17_conditional_rescale.md.
+ * Counts on an H200 and the loop's SASS: notes/17_conditional_rescale.md (time not yet measured).
  * Run: ./stage17 --batch 4 --heads 32 --seqlen 4096 --dim 64 --counters */
 #include "common/attn.h"
 #include "common/cuda/counters.cuh"
@@ -161,7 +162,9 @@ struct tiles {
  * moves and O_i and l_i are rescaled. Below it the tile's P = exp2(scale_log2 S - scale_log2 m_i)
  * is at most 2^TAU = 256: far inside fp16's and bf16's range (65504; 3.4e38), so P_ij still packs
  * into the 16-bit operand of P V with its full relative precision, and l_i (at most N 2^TAU) and O_i
- * stay far from fp32's limits. (With FP8's P, whose largest value is 448, TAU = 8 would not be safe.)
+ * stay far from fp32's limits. (Not so in an FP8 forward: it carries P scaled up into P V, e.g.
+ * 256 P to keep small P out of e4m3's subnormals, and e4m3's largest value is 448, so P up to
+ * 2^TAU under a stale max would overflow; an FP8 forward keeps the exact max, P <= 1.)
  * The result is exact whichever m a row keeps: O_i and l_i are both sums of exp2(s - m) against the
  * same m, so the division O_i / l_i and L = m + log l do not depend on it. */
 constexpr float TAU = 8.f;

@@ -12,15 +12,17 @@
  *   MUFU.EX2 (528 clocks of its scheduler's MUFU) and 425 instructions in all (425 issue clocks);
  *   three warps share a scheduler: MUFU 1584 clocks a round, issue 1275, the tensor cores' share of
  *   the round's matmuls 1536. Moving a share r of the 64 exponentials to the polynomial takes
- *   1536 r off MUFU and puts 1920 r on instruction issue: they meet at r ~ 0.09, and past it issue
- *   binds (r = 1/4: 1758 clocks). So the gain is small at best (MUFU was 3% over the tensor cores),
- *   and only where MUFU, not latency, sets the pace: the first measurement found MUFU 59% busy
- *   (notes/18_exp2_two_pipes.md). The share is to be chosen by the sweep (bench/ablations/18_*).
+ *   1536 r off MUFU and puts 1920 r on instruction issue: MUFU falls under the tensor cores' 1536 at
+ *   r = 1/32, issue rises above them at r ~ 0.136, and in between the tensor cores bind. So in this
+ *   model any share from 1/32 to about 1/7 buys MUFU's whole lead, about 3%, and a quarter costs
+ *   about 11% (issue 1758 clocks). It is a throughput model: where the loop's latency sets the pace
+ *   (Nsight Compute has stage 14's MUFU 59% busy at d = 64: notes/18_exp2_two_pipes.md), it is a
+ *   ceiling, and the best share may be 0. bench/ablations/18_* build the shares 1/16 and 1/4.
  *   The polynomial's relative error, 1.87e-7 (3.1 units of 2^-24), is of the order of MUFU's own:
  *   it moves l_i, hence L = m + log l_i, by at most that, where the suite allows L at least 72
  *   units of 2^-24 (common/check.c; a degree-3 polynomial, 7.5e-5, 1250 units, failed it).
  * Hopper only: compiled for sm_90a (the Makefile's HOPPER_STAGES); elsewhere it exits 3.
- * Measured on an H200: notes/18_exp2_two_pipes.md.
+ * The model, the SASS and the error bound: notes/18_exp2_two_pipes.md (time not yet measured).
  * Run: ./stage18 --batch 4 --heads 32 --seqlen 4096 --dim 64 */
 #include "common/attn.h"
 #include "common/cuda/counters.cuh"

@@ -3,11 +3,11 @@
  *
  *   x = j + f, j = rint(x) (an integer), f in [-1/2, 1/2]
  *   2^f ~ p(f) = 1 + f (C1 + f (C2 + f (C3 + f (C4 + f C5))))     five FFMA (Horner)
- *   2^x = p(f) 2^j: j added to p's exponent bits                   one shift-and-add (LEA)
+ *   2^x = p(f) 2^j: j added to p's exponent bits                   one IMAD (below)
  * rint by the "magic number" 1.5 2^23: adding it leaves x rounded to an integer in the low bits of
  * the sum (for |x| < 2^22), and subtracting it back gives j as a float: with f, three FADD, and no
  * conversion instruction (F2I and FRND run on a pipe as narrow as MUFU's). In all, per exponential:
- * three FADD and five FFMA on the FMA pipe, one LEA, one FSETP and one FSEL (x below -125.5 gives
+ * three FADD and five FFMA on the FMA pipe, one IMAD, one FSETP and one FSEL (x below -125.5 gives
  * 0: 2^-125.5 is 1.7e-38, and ex2.approx.ftz flushes below 2^-126; there p(f) 2^j could leave the
  * normal range). -inf gives 0 (f is NaN there, and the select discards it). Valid for x < 127.5;
  * the softmax's x is at most a few units above 0 (at most 8 under stage 17's stale max).
@@ -21,8 +21,9 @@
  * ex2, 2 ulps). tests/test_exp2_poly.cu prints it.
  * Degree 3 (7.5e-5, three FFMA) and degree 4 (2.6e-6, four) are cheaper and invisible in a P rounded
  * to fp16 or bf16, but not in l_i, the fp32 sum of the P, and so in L = m + log l_i: the check's
- * allowance for L is a few units of 2^-24 (common/check.c), which degree 3 overran
- * (notes/18_exp2_two_pipes.md). */
+ * allowance for L is 72 to a few hundred units of 2^-24 at the suite's shapes (common/check.c),
+ * which degree 3 (1250 units; about 300 on a row spread evenly, with a quarter of its exponentials
+ * on the polynomial) overran at d = 64 (notes/18_exp2_two_pipes.md). */
 #ifndef ATTN_CUDA_EXP2_POLY_CUH
 #define ATTN_CUDA_EXP2_POLY_CUH
 
@@ -57,7 +58,7 @@ static __host__ __device__ __forceinline__ float exp2_poly_float(int i)
 #endif
 }
 
-/* 2^x by three FADD, five FFMA, a LEA and a select (above); 0 for x < -125.5 and for -inf */
+/* 2^x by three FADD, five FFMA, an IMAD and a select (above); 0 for x < -125.5 and for -inf */
 static __host__ __device__ __forceinline__ float exp2_poly(float x)
 {
     const float t = x + EXP2_POLY_MAGIC;       /* rint(x) in the low bits */
@@ -67,7 +68,8 @@ static __host__ __device__ __forceinline__ float exp2_poly(float x)
                          f, 1.f);
     /* p 2^j: j into the exponent field. t's bits are MAGIC's plus j (two's complement, in the low
      * mantissa bits), and MAGIC's bits, 0x4B400000, end in nine zeros: shifted left by 23 they
-     * vanish, so t's bits << 23 are j << 23, and one shift-and-add does it */
+     * vanish, so t's bits << 23 are j << 23; ptxas makes the shift and the add one instruction,
+     * IMAD R, t, 0x800000, p (cuobjdump -sass) */
     const float r = exp2_poly_float((int)((unsigned)exp2_poly_bits(p) + ((unsigned)exp2_poly_bits(t) << 23)));
     return x < -125.5f ? 0.f : r;
 }
