@@ -27,6 +27,16 @@ rows=$(mktemp)
 trap 'rm -f "$rows"' EXIT
 header=""
 failed=0
+# Rows so far into bench/data/runs/<gpu>_ablations.csv: at the end, or when the run is stopped (a
+# time limit's SIGTERM, ^C), so that a run cut short keeps every pair it finished, as bench.sh does.
+keep_rows() {
+  [ -n "$header" ] && [ -s "$rows" ] || return 0
+  local gpu
+  gpu=$( { echo "$header"; head -n1 "$rows"; } | csv_awk '{ print get("gpu") }')
+  csv_append "bench/data/runs/${gpu}_ablations.csv" "$header" < "$rows" &&
+    echo "ablate: $(wc -l < "$rows") rows appended to bench/data/runs/${gpu}_ablations.csv" >&2
+}
+trap 'echo "ablate: stopped before the end" >&2; keep_rows; exit 130' INT TERM
 run() { # program, then its arguments: its CSV row into $rows (or the line why not)
   local out rc=0
   out=$("$@" --csv 2>&1) || rc=$?
@@ -53,9 +63,8 @@ for a in $ABLATIONS; do
   done; done; done; done
 done
 [ -n "$header" ] || { echo "ablate: no rows" >&2; exit 1; }
-gpu=$( { echo "$header"; head -n1 "$rows"; } | csv_awk '{ print get("gpu") }')
-csv_append "bench/data/runs/${gpu}_ablations.csv" "$header" < "$rows"
-echo "ablate: $(wc -l < "$rows") rows appended to bench/data/runs/${gpu}_ablations.csv" >&2
+trap - INT TERM
+keep_rows
 # the ablation's median time over its stage's, per shape, from this run's rows
 { echo "$header"; cat "$rows"; } | csv_awk '
   function key() { return get("dtype") " d=" get("dim") " N=" get("seqlen") (get("causal") == 1 ? " causal" : "") }
