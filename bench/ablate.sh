@@ -29,13 +29,7 @@ header=""
 failed=0
 # Rows so far into bench/data/runs/<gpu>_ablations.csv: at the end, or when the run is stopped (a
 # time limit's SIGTERM, ^C), so that a run cut short keeps every pair it finished, as bench.sh does.
-keep_rows() {
-  [ -n "$header" ] && [ -s "$rows" ] || return 0
-  local gpu
-  gpu=$( { echo "$header"; head -n1 "$rows"; } | csv_awk '{ print get("gpu") }')
-  csv_append "bench/data/runs/${gpu}_ablations.csv" "$header" < "$rows" &&
-    echo "ablate: $(wc -l < "$rows") rows appended to bench/data/runs/${gpu}_ablations.csv" >&2
-}
+keep_rows() { csv_keep_rows ablate "bench/data/runs/%s_ablations.csv" "$header" "$rows"; }
 trap 'echo "ablate: stopped before the end" >&2; keep_rows; exit 130' INT TERM
 run() { # program, then its arguments: its CSV row into $rows (or the line why not)
   local out rc=0
@@ -64,7 +58,6 @@ for a in $ABLATIONS; do
 done
 [ -n "$header" ] || { echo "ablate: no rows" >&2; exit 1; }
 trap - INT TERM
-keep_rows
 # the ablation's median time over its stage's, per shape, from this run's rows
 { echo "$header"; cat "$rows"; } | csv_awk '
   function key() { return get("dtype") " d=" get("dim") " N=" get("seqlen") (get("causal") == 1 ? " causal" : "") }
@@ -75,4 +68,5 @@ keep_rows
     return m % 2 ? v[(m + 1) / 2] : (v[m / 2] + v[m / 2 + 1]) / 2 }
   END { for (i = 1; i <= na; i++) for (j = 1; j <= nk; j++) { s = abl[i]; k = keys[j]
           if (n[s, k] && n[of[s], k]) printf "%-22s %-28s %8.3f ms against %8.3f ms (%s): %.3fx the time\n", s, k, med(s, k), med(of[s], k), of[s], med(s, k) / med(of[s], k) } }'
+keep_rows
 exit $failed

@@ -34,14 +34,7 @@ header=""
 # Rows so far into bench/data/<gpu>.csv: at the end, or when the run is stopped (a time limit's
 # SIGTERM, ^C), so a long run that is cut short still keeps every row it finished (each complete
 # and checked); the message says how many.
-keep_rows() {
-  [ -n "$header" ] && [ -s "$rows" ] || return 0
-  local gpu
-  gpu=$( { echo "$header"; head -n1 "$rows"; } | csv_awk '{ print get("gpu") }')
-  csv_append "bench/data/$gpu.csv" "$header" < "$rows" &&
-    echo "bench: $(wc -l < "$rows") rows appended to bench/data/$gpu.csv" >&2
-  : > "$rows"
-}
+keep_rows() { csv_keep_rows bench "bench/data/%s.csv" "$header" "$rows"; }
 trap 'rm -f "$rows" "$err"' EXIT
 torch_pid=
 # (each step may fail, torch already gone or killed, and set -e must not end the trap before keep_rows)

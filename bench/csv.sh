@@ -12,6 +12,11 @@
 #       stdin's rows appended to FILE, which is started with HEADER if it does not exist yet; if
 #       it does, its header must be HEADER (the columns a stage's --csv prints today), or nothing
 #       is written and it fails, naming both headers.
+#   csv_keep_rows WHO PATTERN HEADER ROWS
+#       the rows in file ROWS (a run's, without their header HEADER) appended to the CSV whose path
+#       is PATTERN with %s replaced by their gpu column (csv_append's header check), one line on
+#       stderr saying how many (WHO: the script's name), and ROWS emptied: called at a run's end
+#       and from its trap when it is stopped early, so a cut run keeps every row it finished.
 #   csv_stage_lists
 #       sets CPU_BINS, GPU_BINS and FWD_BINS (the GPU stages whose rows are forward: all but the
 #       backward's) to the Makefile's lists ("stage4 stage5 ..."), the stages the CSVs should have
@@ -54,6 +59,16 @@ csv_append() {
     return 1
   fi
   printf '%s\n' "$rows" >> "$file"
+}
+
+csv_keep_rows() {
+  local who=$1 pattern=$2 header=$3 rows=$4 gpu file
+  [ -n "$header" ] && [ -s "$rows" ] || return 0
+  gpu=$( { echo "$header"; head -n1 "$rows"; } | csv_awk '{ print get("gpu") }')
+  # shellcheck disable=SC2059 # the pattern is the caller's path with %s for the GPU
+  file=$(printf "$pattern" "$gpu")
+  csv_append "$file" "$header" < "$rows" && echo "$who: $(wc -l < "$rows") rows appended to $file" >&2
+  : > "$rows"
 }
 
 csv_stage_lists() {
