@@ -230,7 +230,8 @@ stage16_backward_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
                 for (int it = 0; it < n_iter; it++) {
                     const int i = i_first + it, s = it % STAGES, round = it / STAGES;
                     if (round > 0) mbar_wait(&empty[s], (round - 1) & 1);
-                    mbar_arrive_expect_tx(&full[s], 2 * 2 * Br * HeadDim + 2 * Br * sizeof(float));
+                    /* the bytes announced, the copies issued, then the arrival (mbar_expect_tx) */
+                    mbar_expect_tx(&full[s], 2 * 2 * Br * HeadDim + 2 * Br * sizeof(float));
                     for (int cb = 0; cb < HeadDim / 64; cb++) {
                         tma_load_3d(Q_buf + s * Br * HeadDim + cb * Br * 64, &tmap_Q, &full[s], cb * 64, i * Br, bh);
                         tma_load_3d(dO_buf + s * Br * HeadDim + cb * Br * 64, &tmap_dO, &full[s], cb * 64, i * Br, bh);
@@ -238,6 +239,7 @@ stage16_backward_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
                     const size_t rows = bh * padded + (size_t)i * Br;
                     bulk_load_1d(LD + s * 2 * Br, L2 + rows, Br * sizeof(float), &full[s]);
                     bulk_load_1d(LD + s * 2 * Br + Br, Dsum + rows, Br * sizeof(float), &full[s]);
+                    mbar_arrive(&full[s]);
                 }
             }
         } else if (warp == Tiles::NWARPS + 1 && !Tiles::DQ_ATOMICS) {

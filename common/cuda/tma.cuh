@@ -235,6 +235,16 @@ static __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, unsi
                  : "memory");
 }
 
+/* `bytes` more transaction bytes for the current phase, without an arrival: a producer that
+ * announces its copies, issues them, and only then arrives (mbar_arrive), so that in program order
+ * the copies come before the arrival the consumers' wait pairs with. (Stage 16's producer: the
+ * consumers read what the bulk copies bring with ordinary loads, and compute-sanitizer's racecheck
+ * orders those loads after the copies only through that arrival.) */
+static __device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, unsigned bytes)
+{
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+
 /* Has the phase of parity `parity` completed? The thread may be suspended a while (a limit the
  * hardware sets) before the answer is no; acquire: on yes, what the phase's arrivals released and
  * the bytes its copies wrote are visible to this thread. */
