@@ -171,10 +171,27 @@ struct dq_order {
     }
 };
 
-/* dK_j, dV_j for K/V tile j = blockIdx.x of head blockIdx.y, and its share of every dQ_i.
+/* --deterministic: how many K/V tiles add into dQ tile i before tile j does. Without a mask every
+ * K/V tile meets every Q tile and they take turns first to last: j of them. Under the mask, K/V
+ * tile j starts at the diagonal (Q tile j Bc / Br) and goes down the Q tiles; first to last, each
+ * would wait at every Q tile for tile 0, which starts at Q tile 0: the blocks of a head would
+ * finish one after another, a staircase (notes/16_hopper_backward.md measured 1.74-1.82x the
+ * time). Last to first, the tile nearest the diagonal adds first: the tiles that meet Q tile i
+ * are 0 .. last = the one holding its last query, and tile j goes after last - j of them. A tile
+ * j + 1 reaches Q tile i in fewer steps of its own than tile j does, so no block waits for long;
+ * the launcher starts the K/V tiles in that order too, so that a block only waits for blocks
+ * started before it. */
+static __device__ __forceinline__ int dq_turn(int j, int i, int Tc, int Br, int Bc, int N, int causal)
+{
+    if (!causal) return j;
+    const int last = min(Tc - 1, (min(N, (i + 1) * Br) - 1) / Bc);
+    return last - j;
+}
+
+/* dK_j, dV_j for K/V tile j of head blockIdx.y, and its share of every dQ_i.
  * Warpgroups 0 and 1 compute (keys 64 wg .. 64 wg + 63 of the tile); warpgroup 2 is the producer
  * (its first warp streams the Q tiles, its second adds the dQ tiles into HBM, the other two leave).
- * DETERMINISTIC: the dQ additions in K/V-tile order (dq_sem). */
+ * DETERMINISTIC: the dQ additions in a fixed order of the K/V tiles (dq_turn). */
 template <typename T, typename Cfg, bool DETERMINISTIC>
 __global__ void __launch_bounds__(tiles<Cfg>::NTHREADS, 1)
 stage16_backward_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_constant__ CUtensorMap tmap_K,
@@ -200,7 +217,10 @@ stage16_backward_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
 
     const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
     const int wg = tid / WARPGROUP; /* 0, 1: consumers; CONSUMERS: the producer warpgroup */
-    const int j = blockIdx.x, bh = blockIdx.y;
+    const int Tc = CEIL_DIV(N, Bc);
+    /* the K/V tile: in launch order, except --deterministic under a causal mask, last to first
+     * (dq_turn) */
+    const int j = DETERMINISTIC && causal ? Tc - 1 - (int)blockIdx.x : (int)blockIdx.x, bh = blockIdx.y;
     const int key0 = j * Bc; /* this block's first key */
     const int Tr = CEIL_DIV(N, Br);
     /* the Q tiles this K/V tile meets: all, or (causal) those with a query at or after key0 */
@@ -252,9 +272,7 @@ stage16_backward_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
                     float *dst = dQ_acc + ((size_t)bh * Tr + i) * Br * HeadDim;
                     int *turn = dq_sem + (size_t)bh * Tr + i;
                     if constexpr (DETERMINISTIC) {
-                        /* every K/V tile before this one meets Q tile i (causal too: j' < j sees at
-                         * least the queries j does), so it is this block's turn after j of them */
-                        while (ld_acquire_gpu(turn) != j) {
+                        while (ld_acquire_gpu(turn) != dq_turn(j, i, Tc, Br, Bc, N, causal)) {
                         }
                         fence_proxy_async_global(); /* their additions, seen through the generic proxy, before ours */
                     }
@@ -526,8 +544,9 @@ int launch(const struct attn_args *a, char *why, size_t n)
     CUDA_TRY(cudaGetLastError());
     if (DETERMINISTIC) CUDA_TRY(cudaMemsetAsync(w.sem, 0, (size_t)bh * Tr * sizeof(int)));
     /* K/V tiles in x, so that a head's blocks start in the order of their K/V tile: under a causal
-     * mask the first meet the most Q tiles, and with --deterministic the order of dQ's additions is
-     * the order the blocks start in (a block never waits for one that has not started) */
+     * mask the first meet the most Q tiles (the longest blocks start first); with --deterministic
+     * the order of dQ's additions is the order the blocks start in (a block never waits for one
+     * that has not started), last to first under the mask (dq_turn) */
     stage16_backward_kernel<T, Cfg, DETERMINISTIC><<<dim3(Tc, (unsigned)bh), Tiles::NTHREADS, smem>>>(
         tmap_Q, tmap_K, tmap_V, tmap_dO, w.L2, w.Dsum, (T *)a->dK, (T *)a->dV, w.dQ_acc, w.sem, sh->N, sh->causal,
         sh->scale * LOG2E, sh->scale);
