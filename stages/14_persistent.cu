@@ -97,6 +97,7 @@ namespace {
  *          d = 256 too).
  * EARLY_Q at d = 64 only: at d = 128 and 256 O keeps its staging through Q_i and its 16-byte
  * stores (the early Q_i measured below 1x there: notes/14_persistent.md).
+ * Short causal problems at d = 64 take two consumer warpgroups (short_causal, below).
  * What each choice measured: notes/13_pingpong.md, notes/14_persistent.md. */
 template <int HeadDim>
 struct cfg;
@@ -106,6 +107,19 @@ template <>
 struct cfg<128> { static constexpr int HeadDim = 128, NWARPGROUPS = 2, Bc = 128, STAGES = 3, TURNED = 1, PINGPONG = 1, OVERLAP = 1, EARLY_Q = 0; };
 template <>
 struct cfg<256> { static constexpr int HeadDim = 256, NWARPGROUPS = 2, Bc = 64, STAGES = 2, TURNED = 0, PINGPONG = 0, OVERLAP = 0, EARLY_Q = 0; };
+/* Under a causal mask the Q tiles of 192 rows reach far past the diagonal where a head has few of
+ * them: at N = 1024, six (the last of 64 queries) compute 32 tiles of 192 x 128 scores, 786k for
+ * the 525k the mask keeps (67%), where eight tiles of 128 rows compute 590k (89%). So at d = 64,
+ * under the mask and for N <= SHORT_CAUSAL_N, the kernel runs with two consumer warpgroups
+ * (short_causal<Cfg>: Br = 128), which took 0.87x the time at N = 1024 and 0.90x at 512, and
+ * 1.01x at 2048 (notes/14_persistent.md); without the mask three stay faster at every N. */
+template <typename Cfg>
+struct short_causal : Cfg { static constexpr int NWARPGROUPS = 2; };
+constexpr int SHORT_CAUSAL_N = 1024;
+static bool takes_short_causal(const struct shape *sh)
+{
+    return sh->d == 64 && sh->causal && sh->N <= SHORT_CAUSAL_N;
+}
 constexpr int WARPGROUP = 4 * WARP_SIZE; /* threads that issue one wgmma together */
 constexpr int PRODUCER_REGS = 24; /* setmaxnreg, per thread (above); the consumers' share: tiles */
 constexpr size_t SMEM_MAX = 227 * 1024; /* the shared memory a block may have on an H100 or H200 */
@@ -616,8 +630,10 @@ double kv_rows_read(const struct shape *sh)
  * once. (16-bit elements in both dtypes.) */
 void hbm_bytes(const struct shape *sh, struct hbm_traffic *t)
 {
-    const double kv_rows = sh->d == 64 ? kv_rows_read<cfg<64>>(sh) : sh->d == 128 ? kv_rows_read<cfg<128>>(sh)
-                           : kv_rows_read<cfg<256>>(sh);
+    const double kv_rows = takes_short_causal(sh) ? kv_rows_read<short_causal<cfg<64>>>(sh)
+                           : sh->d == 64                ? kv_rows_read<cfg<64>>(sh)
+                           : sh->d == 128               ? kv_rows_read<cfg<128>>(sh)
+                                                        : kv_rows_read<cfg<256>>(sh);
     const double heads = (double)sh->B * sh->H, d = sh->d, N = sh->N;
     t->Q = heads * N * d * 2;
     t->KV = heads * 2.0 * kv_rows * d * 2;
@@ -711,6 +727,7 @@ int launch(const struct attn_args *a, char *why, size_t n)
 template <template <int> class Cfg, bool L2_SECTIONS, typename T, bool COUNT>
 int dispatch_d(const struct attn_args *a, char *why, size_t n)
 {
+    if (takes_short_causal(&a->sh)) return launch<T, short_causal<Cfg<64>>, L2_SECTIONS, COUNT>(a, why, n);
     switch (a->sh.d) {
     case 64: return launch<T, Cfg<64>, L2_SECTIONS, COUNT>(a, why, n);
     case 128: return launch<T, Cfg<128>, L2_SECTIONS, COUNT>(a, why, n);
@@ -761,6 +778,7 @@ template <template <int> class Cfg, bool L2_SECTIONS = true>
 int tiles_for(const struct attn_args *a, int backward, size_t limit, struct tile_config *c)
 {
     (void)backward; /* a forward only */
+    if (takes_short_causal(&a->sh)) return tiles_of<short_causal<Cfg<64>>, L2_SECTIONS>(&a->sh, limit, c);
     switch (a->sh.d) {
     case 64: return tiles_of<Cfg<64>, L2_SECTIONS>(&a->sh, limit, c);
     case 128: return tiles_of<Cfg<128>, L2_SECTIONS>(&a->sh, limit, c);
