@@ -63,7 +63,8 @@ namespace {
  *                softmax while P_ij V_j runs; needs TURNED;
  *   POLY_EVERY   k > 0: the exponentials of every k-th n8 tile of S_ij's columns are computed on the
  *                FMA pipe (exp2_poly, common/cuda/exp2_poly.cuh), the others by MUFU's ex2; 0: all
- *                by MUFU;
+ *                by MUFU; -1 (the floor ablation bench/ablations/18_free_exp.cu only): none at all,
+ *                P = the exponent itself, a wrong result timed to show what free exponentials buy;
  *   EARLY_Q      1: each consumer warp frees Q_i for the next work item's as soon as the item's last
  *                S = Q K^T has completed, not after the epilogue, so that the next Q_i is copied
  *                under the item's last P V, softmax and epilogue instead of before the next item's
@@ -239,8 +240,9 @@ __device__ __forceinline__ bool online_softmax_stale(float (&S)[M_TILES][KT][4],
                  * compile-time constant here (unrolled), so the choice costs nothing */
                 constexpr int EVERY = POLY_EVERY > 0 ? POLY_EVERY : 1; /* (no % 0 where there is none) */
                 const bool poly = POLY_EVERY > 0 && nt % EVERY == EVERY - 1;
-                const float p0 = poly ? exp2_poly(x0) : exp2_approx(x0);
-                const float p1 = poly ? exp2_poly(x1) : exp2_approx(x1);
+                /* POLY_EVERY < 0 (bench/ablations/18_free_exp.cu, a floor): no exponential at all */
+                const float p0 = POLY_EVERY < 0 ? x0 : poly ? exp2_poly(x0) : exp2_approx(x0);
+                const float p1 = POLY_EVERY < 0 ? x1 : poly ? exp2_poly(x1) : exp2_approx(x1);
                 S[mt][nt][2 * h] = p0, S[mt][nt][2 * h + 1] = p1;
                 sum += p0 + p1;
             }
