@@ -1,8 +1,8 @@
 /* 16_hopper_backward.cu: the backward on Hopper: stage 10's algorithm with wgmma, TMA, a producer
  *   warp, and dQ added by the copy engine (FlashAttention-3's backward, section 3 of its paper)
  *
- * Changed from stage 10: the same preprocessing kernel, and the same arithmetic per K/V tile j and
- *   Q tile i,
+ * Changed from stage 10: the same three kernels (preprocess, the dK/dV kernel, convert) and the
+ *   same arithmetic per K/V tile j and Q tile i,
  *       S = Q_i K_j^T,  P = exp2(scale log2e S - L_i log2e),  dP = dO_i V_j^T,  dS = P (dP - D_i)
  *       dV_j += P^T dO_i,  dK_j += scale dS^T Q_i,  dQ_i += scale dS K_j
  *   with Hopper's machinery in the dK/dV kernel (stage16_backward_kernel):
@@ -18,12 +18,9 @@
  *      goes to shared memory once, and the wgmma reads it back transposed (its A operand
  *      MN-major). Each block's fp32 dQ tile is staged in shared memory and added into the fp32
  *      accumulator in HBM by one bulk reduce-add (cp.reduce.async.bulk), issued by a dQ writer
- *      warp of its own: one instruction per tile instead of stage 10's float2 atomics. A counter
- *      per dQ tile (dq_count) counts the additions; the block that makes the last one converts
- *      the tile to dQ's rows in the input dtype, while it is still in the L2 (stage 10 converts
- *      the whole accumulator in a kernel of its own, reading it back from HBM);
- *   4. --deterministic: the blocks of a head add into each dQ tile in a fixed order of their K/V
- *      tiles, the same counter saying whose turn it is (dq_turn).
+ *      warp of its own: one instruction per tile instead of stage 10's float2 atomics;
+ *   4. --deterministic: the blocks of a head add into each dQ tile in the order of their K/V tile,
+ *      a counter per dQ tile (dq_sem) saying whose turn it is.
  * Why: stage 10's mma.sync backward reaches about 0.58x cuDNN's backward on an H100 or H200, whose
  *   tensor cores run wgmma at twice the rate of mma.sync; the backward is two thirds of training's
  *   attention time. The arithmetic (notes/16_hopper_backward.md): 5 products per tile pair against
@@ -184,28 +181,11 @@ struct dq_order {
  * j + 1 reaches Q tile i in fewer steps of its own than tile j does, so no block waits for long;
  * the launcher starts the K/V tiles in that order too, so that a block only waits for blocks
  * started before it. */
-static __device__ __forceinline__ int last_kv_tile(int i, int Tc, int Br, int Bc, int N, int causal)
-{
-    return causal ? min(Tc - 1, (min(N, (i + 1) * Br) - 1) / Bc) : Tc - 1;
-}
 static __device__ __forceinline__ int dq_turn(int j, int i, int Tc, int Br, int Bc, int N, int causal)
 {
-    return causal ? last_kv_tile(i, Tc, Br, Bc, N, causal) - j : j;
-}
-
-/* dQ = scale * the fp32 accumulator for float4 number k of a Q tile (dq_order), whose first query
- * is q0, into rows of the head's dQ in the input dtype: two pairs of columns, rows 8 apart; rows
- * past N (the padding of the last Q tile) are dropped. */
-template <typename T, typename Tiles>
-static __device__ __forceinline__ void convert_float4(float4 v, int k, int q0, int N, T *dQ_head, float scale)
-{
-    typedef mma16<T> M;
-    int row, col;
-    dq_order<Tiles>::at(k, row, col);
-    const int q = q0 + row;
-    T *out = dQ_head + (size_t)q * Tiles::HeadDim + col;
-    if (q < N) *(uint32_t *)out = M::pack(scale * v.x, scale * v.y);
-    if (q + 8 < N) *(uint32_t *)(out + 8 * Tiles::HeadDim) = M::pack(scale * v.z, scale * v.w);
+    if (!causal) return j;
+    const int last = min(Tc - 1, (min(N, (i + 1) * Br) - 1) / Bc);
+    return last - j;
 }
 
 /* dK_j, dV_j for K/V tile j of head blockIdx.y, and its share of every dQ_i.
@@ -217,7 +197,7 @@ __global__ void __launch_bounds__(tiles<Cfg>::NTHREADS, 1)
 stage16_backward_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_constant__ CUtensorMap tmap_K,
                         const __grid_constant__ CUtensorMap tmap_V, const __grid_constant__ CUtensorMap tmap_dO,
                         const float *__restrict__ L2, const float *__restrict__ Dsum, T *__restrict__ dK,
-                        T *__restrict__ dV, float *__restrict__ dQ_acc, int *__restrict__ dq_count, T *__restrict__ dQ, int N, int causal,
+                        T *__restrict__ dV, float *__restrict__ dQ_acc, int *__restrict__ dq_sem, int N, int causal,
                         float scale_log2, float scale)
 {
     typedef tiles<Cfg> Tiles;
@@ -284,42 +264,33 @@ stage16_backward_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
             }
         } else if (warp == Tiles::NWARPS + 1 && !Tiles::DQ_ATOMICS) {
             /* ---- the dQ writer: each Q tile's fp32 dQ tile, staged by the consumers, added into
-             * HBM by one bulk reduce-add; the last K/V tile to add into a dQ tile converts it ---- */
+             * HBM by one bulk reduce-add ---- */
             for (int it = 0; it < n_iter; it++) {
                 const int i = i_first + it;
-                float *acc = dQ_acc + ((size_t)bh * Tr + i) * Br * HeadDim;
-                int *count = dq_count + (size_t)bh * Tr + i; /* the additions into dQ tile i so far */
                 named_barrier_sync(BAR_DQ_FULL, DQ_THREADS); /* both consumer warpgroups staged their piece */
                 if (lane == 0) {
+                    float *dst = dQ_acc + ((size_t)bh * Tr + i) * Br * HeadDim;
+                    int *turn = dq_sem + (size_t)bh * Tr + i;
                     if constexpr (DETERMINISTIC) {
-                        while (ld_acquire_gpu(count) != dq_turn(j, i, Tc, Br, Bc, N, causal)) {
+                        while (ld_acquire_gpu(turn) != dq_turn(j, i, Tc, Br, Bc, N, causal)) {
                         }
                         fence_proxy_async_global(); /* their additions, seen through the generic proxy, before ours */
                     }
-                    bulk_reduce_add_f32(acc, dQ_tile, Br * HeadDim * sizeof(float));
+                    bulk_reduce_add_f32(dst, dQ_tile, Br * HeadDim * sizeof(float));
                     bulk_commit();
-                    bulk_wait_read<0>(); /* the tile read: the consumers may overwrite it */
+                    if constexpr (DETERMINISTIC) {
+                        bulk_wait<0>(); /* our additions done in HBM (and the tile read) */
+                        fence_proxy_async_global();
+                        __threadfence();
+                        atomicAdd(turn, 1); /* the next K/V tile's turn */
+                    } else {
+                        bulk_wait_read<0>(); /* the tile read: the consumers may overwrite it */
+                    }
                 }
                 __syncwarp();
                 if (it + 1 < n_iter) named_barrier_arrive(BAR_DQ_EMPTY, DQ_THREADS);
-                int last = 0;
-                if (lane == 0) {
-                    bulk_wait<0>(); /* our additions done (in the L2) */
-                    fence_proxy_async_global();
-                    __threadfence();
-                    /* one more addition done (with --deterministic: the next K/V tile's turn) */
-                    last = atomicAdd(count, 1) == last_kv_tile(i, Tc, Br, Bc, N, causal);
-                }
-                /* The K/V tiles that meet Q tile i are 0 .. last_kv_tile: the block that makes the
-                 * last addition turns the tile into dQ's rows (the whole warp; the others' additions
-                 * are in, and the tile is still in the L2, where __ldcg reads it) */
-                if (__shfl_sync(FULL_MASK, last, 0)) {
-                    __threadfence();
-                    T *dQ_head = dQ + (size_t)bh * N * HeadDim;
-                    for (int k = lane; k < Br * HeadDim / 4; k += WARP_SIZE)
-                        convert_float4<T, Tiles>(__ldcg((const float4 *)acc + k), k, i * Br, N, dQ_head, scale);
-                }
             }
+            if (lane == 0) bulk_wait<0>();
         }
         return;
     }
@@ -492,34 +463,40 @@ stage16_backward_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
     }
 }
 
-/* The atomics ablation's dQ (DQ_ATOMICS: no dQ writer, so no block knows it added last): the
- * whole fp32 accumulator converted after the kernel, as stage 10 does, one float4 per thread and
- * step. */
+/* dQ = scale * the fp32 accumulator, back from the kernel's order (dq_order) into rows, in the
+ * input dtype; rows past N (the padding of the last Q tile) are dropped. One float4 per thread and
+ * step: two pairs of columns, rows 8 apart. */
 template <typename T, typename Cfg>
 __global__ void stage16_convert_kernel(const float *__restrict__ dQ_acc, T *__restrict__ dQ, size_t n4, int N,
                                        int Tr, float scale)
 {
     typedef tiles<Cfg> Tiles;
-    constexpr int TILE4 = Tiles::Br * Tiles::HeadDim / 4;
+    typedef mma16<T> M;
+    constexpr int Br = Tiles::Br, HeadDim = Tiles::HeadDim, TILE4 = Br * HeadDim / 4;
     for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < n4; k += (size_t)gridDim.x * blockDim.x) {
         const size_t tile = k / TILE4; /* (head, Q tile) */
-        convert_float4<T, Tiles>(((const float4 *)dQ_acc)[k], (int)(k % TILE4), (int)(tile % Tr) * Tiles::Br, N,
-                                 dQ + (tile / Tr) * N * Tiles::HeadDim, scale);
+        int row, col;
+        dq_order<Tiles>::at((int)(k % TILE4), row, col);
+        const float4 v = ((const float4 *)dQ_acc)[k];
+        const int q = (int)(tile % Tr) * Br + row;
+        T *out = dQ + ((tile / Tr) * N + q) * HeadDim + col;
+        if (q < N) *(uint32_t *)out = M::pack(scale * v.x, scale * v.y);
+        if (q + 8 < N) *(uint32_t *)(out + 8 * HeadDim) = M::pack(scale * v.z, scale * v.w);
     }
 }
 
 /* ---- launcher ---- */
 
 /* The workspace: first the forward's (stage 14's work-item counter, FWD_WORK bytes), then the fp32
- * dQ accumulator, L log2e and D (row-padded: B H Tr Br rows), then the additions' counters, one per
- * (head, Q tile): the kernel's dq_count. */
+ * dQ accumulator, L log2e and D (row-padded: B H Tr Br rows), then --deterministic's counters, one
+ * per (head, Q tile). */
 constexpr size_t FWD_WORK = 256;
 extern "C" const struct stage stage14_desc;
 
 template <typename Cfg>
 struct workspace {
     float *dQ_acc, *L2, *Dsum;
-    int *dq_count;
+    int *sem;
     static size_t bytes(const struct shape *sh)
     {
         const size_t heads = (size_t)sh->B * sh->H, tiles = heads * CEIL_DIV(sh->N, Cfg::Br), rows = tiles * Cfg::Br;
@@ -531,7 +508,7 @@ struct workspace {
         dQ_acc = (float *)((char *)work + FWD_WORK);
         L2 = dQ_acc + rows * Cfg::HeadDim;
         Dsum = L2 + rows;
-        dq_count = (int *)(Dsum + rows);
+        sem = (int *)(Dsum + rows);
     }
 };
 
@@ -565,21 +542,19 @@ int launch(const struct attn_args *a, char *why, size_t n)
     stage16_preprocess_kernel<T, HeadDim><<<(unsigned)CEIL_DIV(rows, PRE_THREADS / (HeadDim / 8)), PRE_THREADS>>>(
         O, dO, a->L, w.Dsum, w.L2, w.dQ_acc, sh->N, Tr * Br, rows);
     CUDA_TRY(cudaGetLastError());
-    CUDA_TRY(cudaMemsetAsync(w.dq_count, 0, (size_t)bh * Tr * sizeof(int)));
+    if (DETERMINISTIC) CUDA_TRY(cudaMemsetAsync(w.sem, 0, (size_t)bh * Tr * sizeof(int)));
     /* K/V tiles in x, so that a head's blocks start in the order of their K/V tile: under a causal
      * mask the first meet the most Q tiles (the longest blocks start first); with --deterministic
      * the order of dQ's additions is the order the blocks start in (a block never waits for one
      * that has not started), last to first under the mask (dq_turn) */
     stage16_backward_kernel<T, Cfg, DETERMINISTIC><<<dim3(Tc, (unsigned)bh), Tiles::NTHREADS, smem>>>(
-        tmap_Q, tmap_K, tmap_V, tmap_dO, w.L2, w.Dsum, (T *)a->dK, (T *)a->dV, w.dQ_acc, w.dq_count, (T *)a->dQ, sh->N, sh->causal,
+        tmap_Q, tmap_K, tmap_V, tmap_dO, w.L2, w.Dsum, (T *)a->dK, (T *)a->dV, w.dQ_acc, w.sem, sh->N, sh->causal,
         sh->scale * LOG2E, sh->scale);
     CUDA_TRY(cudaGetLastError());
-    if (Tiles::DQ_ATOMICS) { /* (the ablation) no block converted a dQ tile: a kernel converts them all */
-        const size_t n4 = rows * HeadDim / 4;
-        const unsigned blocks = (unsigned)std::min<size_t>(CEIL_DIV(n4, 256), 65535);
-        stage16_convert_kernel<T, Cfg><<<blocks, 256>>>(w.dQ_acc, (T *)a->dQ, n4, sh->N, Tr, sh->scale);
-        CUDA_TRY(cudaGetLastError());
-    }
+    const size_t n4 = rows * HeadDim / 4;
+    const unsigned blocks = (unsigned)std::min<size_t>(CEIL_DIV(n4, 256), 65535);
+    stage16_convert_kernel<T, Cfg><<<blocks, 256>>>(w.dQ_acc, (T *)a->dQ, n4, sh->N, Tr, sh->scale);
+    CUDA_TRY(cudaGetLastError());
     return 0;
 }
 
