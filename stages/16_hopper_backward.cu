@@ -212,7 +212,7 @@ stage16_backward_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
     float *dQ_tile = (float *)(smem + Tiles::dQ_tile);
     float *LD = (float *)(smem + Tiles::LD); /* [STAGES]: L_i (log2 units), then D_i, Br each */
     uint64_t *full = (uint64_t *)(smem + Tiles::full);   /* [STAGES]: Q_i, dO_i, L_i, D_i have landed */
-    uint64_t *empty = (uint64_t *)(smem + Tiles::empty); /* [STAGES]: every consumer warp is done with them */
+    uint64_t *empty = (uint64_t *)(smem + Tiles::empty); /* [STAGES]: every consumer thread is done with them */
     uint64_t *KV_full = (uint64_t *)(smem + Tiles::KV_full);
 
     const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
@@ -229,7 +229,7 @@ stage16_backward_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
     const size_t padded = (size_t)Tr * Br; /* a head's rows in the padded buffers */
 
     if (tid == 0) {
-        for (int s = 0; s < STAGES; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], Tiles::NWARPS);
+        for (int s = 0; s < STAGES; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], Tiles::NWARPS * WARP_SIZE);
         mbar_init(KV_full, 1);
         mbar_fence_init();
     }
@@ -427,8 +427,9 @@ stage16_backward_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
         wgmma_hold(dV_acc);
         wgmma_hold(Pa);
         wgmma_hold(dSa);
-        __syncwarp(); /* every lane's reads of L_i and D_i before lane 0 frees their stage */
-        if (lane == 0) mbar_arrive(&empty[s]); /* this warp is done with ring stage s */
+        /* this thread is done with ring stage s: every consumer thread arrives, after its own
+         * ordinary loads of L_i and D_i, before the producer's next bulk copy overwrites them */
+        mbar_arrive(&empty[s]);
 
         if constexpr (Tiles::DQ_ATOMICS) {
             /* (the ablation) the piece straight from the registers into HBM, in the tile's order */
