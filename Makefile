@@ -114,7 +114,7 @@ LINK_WITH_stage16 := $(BUILD)/stages/14_persistent.o  # stage 16's forward is st
 TEST_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/*.c)) $(BUILD)/registry.o
 TEST_CUDA_OBJS := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard tests/*.cu))   # GPU-side tests, with nvcc only
 # compiled for sm_90a alone: the Hopper stages and the tests of their helpers (common/cuda/wgmma.cuh)
-HOPPER_OBJS := $(foreach s,$(HOPPER_STAGES),$(BUILD)/stages/$(s).o) $(BUILD)/tests/test_wgmma.o $(BUILD)/tests/test_tma.o
+HOPPER_OBJS := $(foreach s,$(HOPPER_STAGES),$(BUILD)/stages/$(s).o) $(BUILD)/tests/test_wgmma.o $(BUILD)/tests/test_tma.o $(BUILD)/tests/test_fp8_quant.o
 
 # stages the build can make here: GPU stages only where nvcc is installed
 ifneq ($(HAVE_NVCC),)

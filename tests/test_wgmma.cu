@@ -21,6 +21,9 @@
  * wgmma::rs_{f16,bf16}_n256_mnmajor   two column blocks of B, LBO between them) and d = 256 (K = 64,
  *                              four column blocks).
  * wgmma::rs_{f16,bf16}_n64_kmajor     the RS form with B K-major.
+ * wgmma::ss_{f16,bf16}_n64_a_mnmajor  the SS form with A MN-major too (stored [K][64], TRANS_A = 1),
+ *                              as stage 16's dQ = dS K_j reads dS from its dS^T tile.
+ * wgmma::e4m3_convert, {ss,rs}_e4m3_n{64,128}  FP8: at the end of the file.
  *
  * Exactness, as in test_mma.cu: every input is a multiple of 1/8 in [-4, 4], exact in fp16 and
  * bf16, and so is C0; with K <= 128 every partial sum is a multiple of 1/64 below 2^11 + 4 in
@@ -131,8 +134,9 @@ Test(wgmma, sw128_loader_whole) { test_sw128_layout(1, TEST_SW_ROWS); }
 
 /* How B (K x N) lies in shared memory, and so TRANS_B. */
 enum { TEST_B_KMAJOR = 0, TEST_B_MNMAJOR = 1 };
-/* How A reaches the tensor cores. */
-enum { TEST_A_SMEM, TEST_A_REGS };
+/* How A reaches the tensor cores: shared memory K-major, registers, shared memory MN-major (stored
+ * [K][64], read with TRANS_A = 1). */
+enum { TEST_A_SMEM, TEST_A_REGS, TEST_A_SMEM_MN };
 
 /* One warpgroup: C (64 x N, row-major fp32) = A (64 x K, row-major) * B + C0, with C0 = NaN and
  * FIRST_ACC = 0 testing the scale-d predicate. A and B are raw 16-bit patterns of T; B arrives
@@ -149,6 +153,7 @@ static __global__ void __launch_bounds__(TEST_WG_THREADS) test_wgmma_kernel(cons
     const int tid = threadIdx.x, w = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
 
     if (A_FROM == TEST_A_SMEM) load_tile_sw128<T, K, TEST_WG_M, TEST_WG_THREADS>(sA, (const T *)A, 0, TEST_WG_M);
+    if (A_FROM == TEST_A_SMEM_MN) load_tile_sw128<T, TEST_WG_M, K, TEST_WG_THREADS>(sA, (const T *)A, 0, K);
     if (B_MAJOR == TEST_B_KMAJOR)
         load_tile_sw128<T, K, N, TEST_WG_THREADS>(sB, (const T *)B, 0, N);
     else
@@ -167,7 +172,8 @@ static __global__ void __launch_bounds__(TEST_WG_THREADS) test_wgmma_kernel(cons
             d[nt][c] = C0[(16 * w + g + 8 * (c >> 1)) * N + 8 * nt + 2 * t + (c & 1)];
 
     const unsigned a_smem = (unsigned)__cvta_generic_to_shared(sA), b_smem = (unsigned)__cvta_generic_to_shared(sB);
-    const uint64_t desc_a = wgmma_desc_kmajor(a_smem);
+    const uint64_t desc_a = A_FROM == TEST_A_SMEM_MN ? wgmma_desc_mnmajor(a_smem, K * SW128_ROW_BYTES)
+                                                     : wgmma_desc_kmajor(a_smem);
     const uint64_t desc_b = B_MAJOR == TEST_B_KMAJOR ? wgmma_desc_kmajor(b_smem)
                                                      : wgmma_desc_mnmajor(b_smem, K * SW128_ROW_BYTES);
     uint32_t a[KSTEPS][4] = {}; /* RS: A's fragments, the documented A layout, straight from global memory */
@@ -188,6 +194,9 @@ static __global__ void __launch_bounds__(TEST_WG_THREADS) test_wgmma_kernel(cons
         if constexpr (A_FROM == TEST_A_SMEM)
             wgmma_ss<T, N, B_MAJOR>(d, wgmma_desc_step(desc_a, sw128_kmajor_step<TEST_WG_M>(kk)),
                                     wgmma_desc_step(desc_b, b_step), accumulate);
+        else if constexpr (A_FROM == TEST_A_SMEM_MN)
+            wgmma_ss<T, N, B_MAJOR, 1>(d, wgmma_desc_step(desc_a, sw128_mnmajor_step(kk)), wgmma_desc_step(desc_b, b_step),
+                                       accumulate);
         else
             wgmma_rs<T, N, B_MAJOR>(d, a[kk], wgmma_desc_step(desc_b, b_step), accumulate);
     }
@@ -221,8 +230,9 @@ static void test_wgmma_run(const char *label, uint32_t seed)
     uint32_t s = seed;
     for (int i = 0; i < M * K; i++) {
         float x = test_eighth(&s);
-        A[i] = BF16 ? f32_to_bf16(x) : f32_to_f16(x);
-        Af[i] = BF16 ? bf16_to_f32(A[i]) : f16_to_f32(A[i]);
+        const uint16_t h = BF16 ? f32_to_bf16(x) : f32_to_f16(x);
+        Af[i] = BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+        A[A_FROM == TEST_A_SMEM_MN ? (i % K) * M + i / K : i] = h; /* MN-major: row k holds column k of A */
     }
     for (int k = 0; k < K; k++)
         for (int n = 0; n < N; n++) {
@@ -297,3 +307,177 @@ TEST_WGMMA(rs_f16_n256_mnmajor, __half, TEST_A_REGS, 256, 64, TEST_B_MNMAJOR, 1,
 TEST_WGMMA(rs_bf16_n256_mnmajor, __nv_bfloat16, TEST_A_REGS, 256, 64, TEST_B_MNMAJOR, 1, 36)
 TEST_WGMMA(rs_f16_n64_kmajor, __half, TEST_A_REGS, 64, 64, TEST_B_KMAJOR, 1, 37)
 TEST_WGMMA(rs_bf16_n64_kmajor, __nv_bfloat16, TEST_A_REGS, 64, 64, TEST_B_KMAJOR, 1, 38)
+/* A MN-major (TRANS_A), B MN-major: stage 16's dQ = dS K_j, dS read from the dS^T tile */
+TEST_WGMMA(ss_f16_n64_a_mnmajor, __half, TEST_A_SMEM_MN, 64, 128, TEST_B_MNMAJOR, 1, 39)
+TEST_WGMMA(ss_bf16_n64_a_mnmajor, __nv_bfloat16, TEST_A_SMEM_MN, 64, 128, TEST_B_MNMAJOR, 1, 40)
+
+/* ---- FP8 e4m3 ----
+ *
+ * wgmma::e4m3_convert        pack_e4m3x4 (the GPU's cvt.rn.satfinite.e4m3x2.f32) against the host's
+ *                            f32_to_e4m3, bit for bit: every e4m3 value, the midpoints between
+ *                            neighbours (ties to even), just past them, and past 448.
+ * wgmma::ss_e4m3_n{64,128}, rs_e4m3_n{64,128}  C = A * B + C0 with m64nNk32 e4m3 wgmma, A and B
+ *                            K-major in the 128-byte swizzle (a 128-byte row holds 128 elements),
+ *                            A from shared memory or from registers in the documented 8-bit A
+ *                            layout. Inputs are multiples of 1/8 in [-15/8, 15/8], exact in e4m3;
+ *                            with K <= 256 every partial sum is a multiple of 1/64 below 2^10: exact
+ *                            in fp32, so the results must equal the fp64 product exactly. */
+
+static __global__ void test_e4m3_convert_kernel(const float *x, uint32_t *out, int n4)
+{
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n4) out[i] = pack_e4m3x4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]);
+}
+
+Test(wgmma, e4m3_convert)
+{
+    test_require_hopper();
+    std::vector<float> x;
+    for (int c = 0; c <= 0x7e; c++) {
+        const float v = e4m3_to_f32((uint8_t)c);
+        x.push_back(v), x.push_back(-v);
+        const float next = c < 0x7e ? e4m3_to_f32((uint8_t)(c + 1)) : 480.0f; /* 480: where 448's rounding ends */
+        const float mid = (v + next) / 2;
+        x.push_back(mid), x.push_back(-mid), x.push_back(nextafterf(mid, INFINITY)), x.push_back(nextafterf(mid, 0.0f));
+    }
+    for (float big : {449.0f, 470.0f, 1e6f, 1e30f, INFINITY}) x.push_back(big), x.push_back(-big);
+    while (x.size() % 4) x.push_back(0.0f);
+    const int n4 = (int)x.size() / 4;
+    float *dx;
+    uint32_t *dout;
+    CUDA_CHECK(cudaMalloc(&dx, x.size() * 4));
+    CUDA_CHECK(cudaMalloc(&dout, n4 * 4));
+    CUDA_CHECK(cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+    test_e4m3_convert_kernel<<<(n4 + 127) / 128, 128>>>(dx, dout, n4);
+    LAUNCH_CHECK();
+    std::vector<uint32_t> out(n4);
+    CUDA_CHECK(cudaMemcpy(out.data(), dout, n4 * 4, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaFree(dx));
+    CUDA_CHECK(cudaFree(dout));
+    int differ = 0, first = -1;
+    for (size_t i = 0; i < x.size(); i++) {
+        const uint8_t got = (uint8_t)(out[i / 4] >> (8 * (i % 4))), want = f32_to_e4m3(x[i]);
+        if (got != want && !differ++) first = (int)i;
+    }
+    cr_assert(differ == 0, "e4m3: %d of %zu values differ from the host's conversion; the first, %.9g: GPU 0x%02x, "
+              "host 0x%02x", differ, x.size(), first >= 0 ? (double)x[first] : 0.0,
+              first >= 0 ? (unsigned)(uint8_t)(out[first / 4] >> (8 * (first % 4))) : 0u,
+              first >= 0 ? (unsigned)f32_to_e4m3(x[first]) : 0u);
+}
+
+/* One warpgroup: C (64 x N) = A (64 x K, bytes, row-major) * B + C0, B given [N][K] (K-major). */
+template <int A_FROM, int N, int K>
+static __global__ void __launch_bounds__(TEST_WG_THREADS) test_wgmma_e4m3_kernel(const uint8_t *A, const uint8_t *B,
+                                                                                  const float *C0, float *C)
+{
+    constexpr int KSTEPS = K / 32;
+    static_assert(K % 128 == 0, "whole 128-byte rows: the loader moves them as 64 16-bit pairs");
+    extern __shared__ __align__(1024) unsigned char smem[];
+    uint16_t *sA = (uint16_t *)smem, *sB = (uint16_t *)(smem + TEST_WG_M * K); /* byte pairs */
+    const int tid = threadIdx.x, w = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
+    if (A_FROM == TEST_A_SMEM) load_tile_sw128<uint16_t, K / 2, TEST_WG_M, TEST_WG_THREADS>(sA, (const uint16_t *)A, 0, TEST_WG_M);
+    load_tile_sw128<uint16_t, K / 2, N, TEST_WG_THREADS>(sB, (const uint16_t *)B, 0, N);
+    cp_async_commit();
+    cp_async_wait<0>();
+    fence_proxy_async_smem();
+    __syncthreads();
+
+    float d[N / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < N / 8; nt++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) d[nt][c] = C0[(16 * w + g + 8 * (c >> 1)) * N + 8 * nt + 2 * t + (c & 1)];
+    const uint64_t desc_a = wgmma_desc_kmajor((unsigned)__cvta_generic_to_shared(sA));
+    const uint64_t desc_b = wgmma_desc_kmajor((unsigned)__cvta_generic_to_shared(sB));
+    uint32_t a[KSTEPS][4] = {}; /* the documented 8-bit A layout, straight from global memory */
+    if (A_FROM == TEST_A_REGS)
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; kk++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int row = 16 * w + g + 8 * (i & 1), col = 32 * kk + 4 * t + 16 * (i >> 1);
+                a[kk][i] = *(const uint32_t *)&A[row * K + col];
+            }
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < KSTEPS; kk++) {
+        const uint64_t b = wgmma_desc_step(desc_b, sw128_kmajor_step<N>(kk));
+        if constexpr (A_FROM == TEST_A_SMEM)
+            wgmma_ss_e4m3<N>(d, wgmma_desc_step(desc_a, sw128_kmajor_step<TEST_WG_M>(kk)), b, 1);
+        else
+            wgmma_rs_e4m3<N>(d, a[kk], b, 1);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_hold(d);
+    if constexpr (A_FROM == TEST_A_REGS) wgmma_hold(a);
+#pragma unroll
+    for (int nt = 0; nt < N / 8; nt++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) C[(16 * w + g + 8 * (c >> 1)) * N + 8 * nt + 2 * t + (c & 1)] = d[nt][c];
+}
+
+/* k/8 with k in [-15, 15]: exact in e4m3 (three mantissa bits) */
+static float test_eighth15(uint32_t *state)
+{
+    *state = *state * 1664525u + 1013904223u;
+    return (float)((int)((*state >> 8) % 31u) - 15) / 8.0f;
+}
+
+template <int A_FROM, int N, int K>
+static void test_wgmma_e4m3_run(const char *label, uint32_t seed)
+{
+    const int M = TEST_WG_M;
+    std::vector<uint8_t> A(M * K), B(N * K);
+    std::vector<float> Af(M * K), Bf(N * K), C0(M * N), C(M * N);
+    uint32_t s = seed;
+    for (int i = 0; i < M * K; i++) Af[i] = test_eighth15(&s), A[i] = f32_to_e4m3(Af[i]);
+    for (int i = 0; i < N * K; i++) Bf[i] = test_eighth15(&s), B[i] = f32_to_e4m3(Bf[i]); /* B[n][k] */
+    for (int i = 0; i < M * N; i++) C0[i] = test_eighth15(&s);
+    for (int i = 0; i < M * K; i++) cr_assert(e4m3_to_f32(A[i]) == Af[i], "%s: %g is not exact in e4m3", label, Af[i]);
+    uint8_t *dA, *dB;
+    float *dC0, *dC;
+    const size_t smem = (size_t)M * K + (size_t)N * K;
+    CUDA_CHECK(cudaMalloc(&dA, A.size()));
+    CUDA_CHECK(cudaMalloc(&dB, B.size()));
+    CUDA_CHECK(cudaMalloc(&dC0, C0.size() * 4));
+    CUDA_CHECK(cudaMalloc(&dC, C.size() * 4));
+    CUDA_CHECK(cudaMemcpy(dA, A.data(), A.size(), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(dB, B.data(), B.size(), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(dC0, C0.data(), C0.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemset(dC, 0xff, C.size() * 4));
+    auto kernel = test_wgmma_e4m3_kernel<A_FROM, N, K>;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    kernel<<<1, TEST_WG_THREADS, smem>>>(dA, dB, dC0, dC);
+    LAUNCH_CHECK();
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaMemcpy(C.data(), dC, C.size() * 4, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaFree(dA));
+    CUDA_CHECK(cudaFree(dB));
+    CUDA_CHECK(cudaFree(dC0));
+    CUDA_CHECK(cudaFree(dC));
+    int differ = 0, worst = 0;
+    double worst_err = -1;
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            double want = C0[m * N + n];
+            for (int k = 0; k < K; k++) want += (double)Af[m * K + k] * Bf[n * K + k];
+            const double e = isnan(C[m * N + n]) ? INFINITY : fabs((double)C[m * N + n] - want);
+            if (e != 0) differ++;
+            if (e > worst_err) worst_err = e, worst = m * N + n;
+        }
+    cr_assert(differ == 0, "%s: C[%d][%d] off by %g; %d of %d elements differ (exact required)", label, worst / N,
+              worst % N, worst_err, differ, M * N);
+}
+
+#define TEST_WGMMA_E4M3(name, A_FROM, N, K, seed)                                                       \
+    Test(wgmma, name)                                                                                   \
+    {                                                                                                   \
+        test_require_hopper();                                                                          \
+        test_wgmma_e4m3_run<A_FROM, N, K>("wgmma " #name " (m64n" #N "k32 e4m3 x " #K "/32)", seed);    \
+    }
+
+TEST_WGMMA_E4M3(ss_e4m3_n64, TEST_A_SMEM, 64, 128, 51)
+TEST_WGMMA_E4M3(ss_e4m3_n128, TEST_A_SMEM, 128, 256, 52)
+TEST_WGMMA_E4M3(rs_e4m3_n64, TEST_A_REGS, 64, 128, 53)
+TEST_WGMMA_E4M3(rs_e4m3_n128, TEST_A_REGS, 128, 256, 54)

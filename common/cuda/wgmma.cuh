@@ -359,4 +359,66 @@ static __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint
 #undef WG_SS_IN
 #undef WG_RS_IN
 
+/* ---- wgmma.mma_async m64nNk32, fp32 accumulators, FP8 e4m3 inputs ----
+ *
+ * Hopper's tensor cores take 8-bit floats at twice the 16-bit rate: one wgmma covers k = 32, the
+ * same 32 bytes of each row as a 16-bit k16 step, so the 128-byte swizzle, the descriptors and the
+ * byte steps (sw128_kmajor_step) are the 16-bit ones, a 128-byte row holding 128 elements. Two
+ * rules differ:
+ *   - both operands K-major: 8-bit types have no transpose (no imm-trans), so the B of O = P V
+ *     must be stored V^T, [d][keys];
+ *   - A from registers (RS) packs four elements a register: per k32 step, with w, g, t as above,
+ *       a[0] = A[16w + g    ][4t .. 4t + 3]        a[1] = A[16w + g + 8][4t .. 4t + 3]
+ *       a[2] = A[16w + g    ][16 + 4t .. 19 + 4t]  a[3] = A[16w + g + 8][16 + 4t .. 19 + 4t]
+ *     (byte i of a register the column + i). This is not the D layout of two n8 tiles (which gives
+ *     a thread columns 2t, 2t + 1 of each): P from the accumulators must be permuted to feed P V.
+ * wgmma_ss_e4m3<N>(d, desc_a, desc_b, accumulate), wgmma_rs_e4m3<N>(d, a, desc_b, accumulate):
+ * D (+)= A * B as wgmma_ss and wgmma_rs, N = 64, 128 or 256. */
+#define WG_SS8(N, REGS, DA, DB, P) \
+    "{\n.reg .pred p;\nsetp.ne.b32 p, " P ", 0;\n" \
+    "wgmma.mma_async.sync.aligned.m64n" #N "k32.f32.e4m3.e4m3 " REGS ", " DA ", " DB ", p, 1, 1;\n}\n"
+#define WG_RS8(N, REGS, A0, DB, P) \
+    "{\n.reg .pred p;\nsetp.ne.b32 p, " P ", 0;\n" \
+    "wgmma.mma_async.sync.aligned.m64n" #N "k32.f32.e4m3.e4m3 " REGS ", {" A0 "}, " DB ", p, 1, 1;\n}\n"
+#define WG_SS8_IN "l"(desc_a), "l"(desc_b), "r"(accumulate)
+#define WG_RS8_IN "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate)
+
+template <int N>
+static __device__ __forceinline__ void wgmma_ss_e4m3(float (&d)[N / 8][4], uint64_t desc_a, uint64_t desc_b, int accumulate)
+{
+    static_assert(N == 64 || N == 128 || N == 256, "wgmma_ss_e4m3: N = 64, 128 or 256");
+    if constexpr (N == 64)
+        asm volatile(WG_SS8(64, WG_REGS_32, "%32", "%33", "%34") : WG_ACC_N64(d) : WG_SS8_IN);
+    else if constexpr (N == 128)
+        asm volatile(WG_SS8(128, WG_REGS_64, "%64", "%65", "%66") : WG_ACC_N128(d) : WG_SS8_IN);
+    else
+        asm volatile(WG_SS8(256, WG_REGS_128, "%128", "%129", "%130") : WG_ACC_N256(d) : WG_SS8_IN);
+}
+
+template <int N>
+static __device__ __forceinline__ void wgmma_rs_e4m3(float (&d)[N / 8][4], const uint32_t a[4], uint64_t desc_b, int accumulate)
+{
+    static_assert(N == 64 || N == 128 || N == 256, "wgmma_rs_e4m3: N = 64, 128 or 256");
+    if constexpr (N == 64)
+        asm volatile(WG_RS8(64, WG_REGS_32, "%32, %33, %34, %35", "%36", "%37") : WG_ACC_N64(d) : WG_RS8_IN);
+    else if constexpr (N == 128)
+        asm volatile(WG_RS8(128, WG_REGS_64, "%64, %65, %66, %67", "%68", "%69") : WG_ACC_N128(d) : WG_RS8_IN);
+    else
+        asm volatile(WG_RS8(256, WG_REGS_128, "%128, %129, %130, %131", "%132", "%133") : WG_ACC_N256(d) : WG_RS8_IN);
+}
+
+/* Four floats to four e4m3 in one register, x0 in the low byte (round to nearest even, saturated
+ * to +-448, as the host's f32_to_e4m3): cvt.rn.satfinite.e4m3x2.f32 puts its first source in the
+ * high byte of the pair. */
+static __device__ __forceinline__ uint32_t pack_e4m3x4(float x0, float x1, float x2, float x3)
+{
+    uint16_t lo, hi;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(lo) : "f"(x1), "f"(x0));
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(hi) : "f"(x3), "f"(x2));
+    return (uint32_t)lo | (uint32_t)hi << 16;
+}
+
+#undef WG_SS8_IN
+#undef WG_RS8_IN
+
 #endif

@@ -1,0 +1,146 @@
+/* fp8_quant.cuh: the FP8 forward's quantization (stage 19): Q, K and V from fp16 to e4m3 with one
+ * fp32 scale per block of ROWS rows of a head, Q and K first multiplied by the random-sign Hadamard
+ * matrix of incoherent processing (fp8.h), V written transposed and permuted for the FP8 wgmma.
+ *
+ * A scale is max|x| / 448 over its block (1 where the block is all zeros), so the block's largest
+ * element lands on e4m3's largest, 448, and x8 = e4m3(x / scale). Rows past N (the padding of the
+ * last block) are zeros.
+ *
+ * Why V is transposed: in O = P V the keys are the k of the product, and 8-bit wgmma takes both
+ * operands K-major (no transpose): V must be stored [d][keys] (V^T), each row of it contiguous along
+ * the keys. Why it is permuted: P comes out of the accumulators of S = Q K^T with each thread
+ * holding keys 2t, 2t + 1 of every n8 tile (wgmma.cuh, the D layout), but the 8-bit A layout wants
+ * a thread's register to hold four consecutive k: 4t .. 4t + 3. Rather than move P between lanes,
+ * the kernel packs each thread's own keys, and V^T's columns are ordered to match: within each
+ * group of 32 keys, column p of V^T holds key key_of_position(p). Both products sum over the same
+ * 32 keys, only in another order.
+ *
+ * Hopper or not: these kernels are plain CUDA (the e4m3 conversion, cvt with .e4m3x2, needs
+ * compute capability 8.9 or later). */
+#ifndef FP8_QUANT_CUH
+#define FP8_QUANT_CUH
+
+#include "common/cuda/defs.cuh"
+#include "common/cuda/wgmma.cuh"
+
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+/* The key whose value column p of a 32-key group of V^T holds: p = 16 hi + 4 t + u is byte u of
+ * A register (hi ? 2 : 0) of thread t (wgmma.cuh, the 8-bit A layout), which packs that thread's
+ * keys 2t, 2t + 1, 8 + 2t, 9 + 2t (u = 0 .. 3), 16 higher for hi = 1. */
+static __host__ __device__ __forceinline__ int key_of_position(int p)
+{
+    const int hi = p >> 4, t = (p >> 2) & 3, u = p & 3;
+    return 16 * hi + 2 * t + (u & 1) + 8 * (u >> 1);
+}
+
+/* The random signs of the Hadamard transform, one per channel (fp8.h's hadamard_signs), by value. */
+struct hadamard_sign_bits {
+    uint32_t bits[8]; /* bit c: channel c's sign is -1 (d <= 256) */
+};
+
+/* Row r's HeadDim / 32 consecutive elements held by a lane (lane l: l (HeadDim / 32) ..), multiplied
+ * by H diag(signs) / sqrt(HeadDim): the butterflies within the lane first (strides 1 .. E / 2), then
+ * across lanes by shuffles (strides E .. HeadDim / 2, lane masks 1 .. 16). Every lane of the warp
+ * takes part. */
+template <int HeadDim>
+static __device__ __forceinline__ void hadamard_lane(float (&v)[HeadDim / 32], const hadamard_sign_bits &s, int lane)
+{
+    constexpr int E = HeadDim / 32;
+#pragma unroll
+    for (int j = 0; j < E; j++) {
+        const int c = lane * E + j;
+        if (s.bits[c >> 5] >> (c & 31) & 1) v[j] = -v[j];
+    }
+#pragma unroll
+    for (int h = 1; h < E; h *= 2)
+#pragma unroll
+        for (int j = 0; j < E; j++)
+            if (!(j & h)) {
+                const float a = v[j], b = v[j + h];
+                v[j] = a + b, v[j + h] = a - b;
+            }
+#pragma unroll
+    for (int m = 1; m < 32; m *= 2) { /* stride m E: the partner lane differs in bit m */
+        const bool upper = lane & m;
+#pragma unroll
+        for (int j = 0; j < E; j++) {
+            const float other = __shfl_xor_sync(FULL_MASK, v[j], m);
+            v[j] = upper ? other - v[j] : v[j] + other;
+        }
+    }
+    const float norm = rsqrtf((float)HeadDim);
+#pragma unroll
+    for (int j = 0; j < E; j++) v[j] *= norm;
+}
+
+/* One block of ROWS rows of one head (blockIdx.x the block, blockIdx.y the head), one warp per
+ * row at a time: Q or K (TRANSPOSE = false) into X8 [heads][Npad][HeadDim], V (TRANSPOSE = true)
+ * into X8 [heads][HeadDim][Npad] permuted by key_of_position; the block's scale into
+ * scales[head][block]. Two passes over the rows: the first finds max|x| (after the transform),
+ * the second quantizes; the transform is recomputed rather than kept (a few adds per element). */
+template <int HeadDim, int ROWS, bool HADAMARD, bool TRANSPOSE, int THREADS>
+__global__ void __launch_bounds__(THREADS)
+fp8_quantize_kernel(const __half *__restrict__ X, uint8_t *__restrict__ X8, float *__restrict__ scales, int N, int Npad,
+                    hadamard_sign_bits signs)
+{
+    constexpr int E = HeadDim / 32, WARPS = THREADS / WARP_SIZE;
+    static_assert(HeadDim % 32 == 0 && E <= 8 && (E & (E - 1)) == 0, "d = 32 .. 256, a power of 2");
+    static_assert(ROWS % 32 == 0, "whole 32-key groups of V^T");
+    __shared__ float warp_max[WARPS];
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const size_t head = blockIdx.y;
+    const int r0 = blockIdx.x * ROWS;
+    const __half *src = X + head * N * HeadDim;
+
+    auto row_values = [&](int r, float (&v)[E]) {
+#pragma unroll
+        for (int j = 0; j < E; j++) v[j] = r < N ? __half2float(src[(size_t)r * HeadDim + lane * E + j]) : 0.f;
+        if constexpr (HADAMARD) hadamard_lane<HeadDim>(v, signs, lane);
+    };
+
+    float amax = 0.f;
+    for (int r = r0 + warp; r < r0 + ROWS; r += WARPS) {
+        float v[E];
+        row_values(r, v);
+#pragma unroll
+        for (int j = 0; j < E; j++) amax = fmaxf(amax, fabsf(v[j]));
+    }
+#pragma unroll
+    for (int m = 16; m > 0; m /= 2) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, m));
+    if (lane == 0) warp_max[warp] = amax;
+    __syncthreads();
+    amax = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; w++) amax = fmaxf(amax, warp_max[w]);
+    const float scale = amax > 0.f ? amax / 448.f : 1.f, inv = 1.f / scale;
+    if (threadIdx.x == 0) scales[head * (Npad / ROWS) + blockIdx.x] = scale;
+
+    for (int r = r0 + warp; r < r0 + ROWS; r += WARPS) {
+        float v[E];
+        row_values(r, v);
+        if constexpr (!TRANSPOSE) {
+            uint8_t *dst = X8 + (head * Npad + r) * HeadDim + lane * E;
+            if constexpr (E >= 4) {
+#pragma unroll
+                for (int j = 0; j < E; j += 4)
+                    *(uint32_t *)(dst + j) = pack_e4m3x4(v[j] * inv, v[j + 1] * inv, v[j + 2] * inv, v[j + 3] * inv);
+            } else { /* d = 64: two elements a lane */
+                *(uint16_t *)dst = (uint16_t)pack_e4m3x4(v[0] * inv, v[E - 1] * inv, 0.f, 0.f);
+            }
+        } else {
+            /* key r goes to the position p of its 32-key group with key_of_position(p) = r mod 32 */
+            const int k = r & 31;
+            const int t = (k & 7) >> 1, u = (k & 1) + 2 * ((k >> 3) & 1), hi = k >> 4;
+            const int col = (r & ~31) + 16 * hi + 4 * t + u;
+#pragma unroll
+            for (int j = 0; j < E; j++) {
+                const uint32_t b = pack_e4m3x4(v[j] * inv, 0.f, 0.f, 0.f) & 0xff;
+                X8[(head * HeadDim + lane * E + j) * Npad + col] = (uint8_t)b;
+            }
+        }
+    }
+}
+
+#endif
