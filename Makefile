@@ -295,12 +295,14 @@ SANITIZE_BASE_stage15 := "--seqlen 1 --kv-len 1 --dim 64 --kv-heads 2" "--seqlen
                          "--seqlen 1 --kv-len 777 --dim 128 --kv-heads 1 --splits 1" \
                          "--seqlen 3 --kv-len 200 --dim 64 --kv-heads 1 --splits 40" \
                          "--seqlen 1 --kv-len 5000 --dim 128 --kv-heads 1 --splits 65"
+# The runs go to tests/sanitize.sh, which makes SANITIZE_JOBS of them at a time, every one even
+# after a failure, and prints their outputs in this order with a summary line.
+SANITIZE_JOBS ?= 4
 sanitize: $(GPU_BINS)
-	@set -e; $(foreach b,$(GPU_BINS),for tool in memcheck racecheck synccheck; do \
+	@{ $(foreach b,$(GPU_BINS),for tool in memcheck racecheck synccheck; do \
 	  for s in $(or $(SANITIZE_BASE_$(b)),$(SANITIZE_SHAPES)) $(SANITIZE_SHAPES_$(b)); do \
-	    echo "== compute-sanitizer --tool $$tool ./$(b) $$s"; \
-	    compute-sanitizer --tool $$tool --error-exitcode 1 ./$(b) --batch 1 --heads 2 --warmup 0 --iters 1 $$s; \
-	done; done;)
+	    printf '%s\t%s\t%s\n' "$$tool" "$(b)" "$$s"; \
+	done; done;) } | tests/sanitize.sh $(SANITIZE_JOBS)
 
 # On a machine with a GPU, every GPU a course has (notes/gpus.md): the suite as built, under a 99
 # KiB cap, and as the compute_75 PTX build (made in build75 if needed) under a 64 KiB cap, then
