@@ -296,7 +296,7 @@ SANITIZE_BASE_stage15 := "--seqlen 1 --kv-len 1 --dim 64 --kv-heads 2" "--seqlen
                          "--seqlen 3 --kv-len 200 --dim 64 --kv-heads 1 --splits 40" \
                          "--seqlen 1 --kv-len 5000 --dim 128 --kv-heads 1 --splits 65"
 # The runs go to tests/sanitize.sh, which makes SANITIZE_JOBS of them at a time, every one even
-# after a failure, and prints their outputs in this order with a summary line.
+# after a failure, prints each output whole as the run ends, then a summary line.
 SANITIZE_JOBS ?= 4
 sanitize: $(GPU_BINS)
 	@{ $(foreach b,$(GPU_BINS),for tool in memcheck racecheck synccheck; do \
