@@ -143,9 +143,8 @@ stage_numbers() {
 # not fit, d = 256's backward): counted as refused, its line in the log; anything else fails, and
 # so does a run where no case passed. A case may run 300 s (less where GPU_SUITES_TIMEOUT ends first).
 sanitize() {
-    local t0=$SECONDS log=$logdir/sanitize.log dir=$logdir/sanitize
+    local t0=$SECONDS log=$logdir/sanitize.log
     local bins cases san_bin
-    rm -rf "$dir" && mkdir -p "$dir"
     bins=$(stage_numbers "$stages" | sed 's/^/stage/' | paste -sd ' ')
     echo "== (sanitize) compute-sanitizer on $bins of $bin75, ATTN_SMEM_CAP_KB=64" | tee "$log"
     if ! command -v compute-sanitizer >/dev/null 2>&1; then
@@ -157,47 +156,18 @@ sanitize() {
     # shellcheck disable=SC2016 # $(...) are make's, expanded by make
     cases=$(MAKEFLAGS= make -s --no-print-directory --eval 'gpu-suites-sanitize-cases: ; @$(foreach b,'"$bins"',for s in $(or $(SANITIZE_BASE_$(b)),$(SANITIZE_SHAPES)) $(SANITIZE_SHAPES_$(b)); do echo "$(b) $$s"; done;)' \
             gpu-suites-sanitize-cases) || { echo "GNU make could not list the sanitize shapes (make is needed for the Makefile's SANITIZE_* lists)" >> "$log"; report sanitize 1 0 "$log" "compute-sanitizer"; return; }
-    local k=0
-    while read -r b shape; do
-        for tool in memcheck racecheck synccheck; do
-            k=$((k + 1))
-            printf '%s\t%s\t%s\n' "$tool" "$b" "$shape" > "$dir/$k.case"
-        done
-    done <<< "$cases"
     san_bin=$(cd "$bin75" && pwd) || return
     # GPU_SUITES_TIMEOUT bounds the whole: a case gets what is left of it, and one that has nothing
-    # left does not start
-    local deadline=0
+    # left does not start (tests/sanitize.sh, which `make sanitize` runs its cases through too)
+    local deadline=0 rc
     [ "${GPU_SUITES_TIMEOUT:-0}" -gt 0 ] && deadline=$(($(date +%s) + GPU_SUITES_TIMEOUT))
-    export ATTN_SMEM_CAP_KB=64 SAN_BIN=$san_bin SAN_DEADLINE=$deadline
-    # shellcheck disable=SC2016 # expanded by the bash that runs each case
-    find "$dir" -name '*.case' -print0 | xargs -0 -P "$jobs" -n 1 bash -c '
-        IFS=$'"'"'\t'"'"' read -r tool b shape < "$1"; out=${1%.case}.log
-        echo "== compute-sanitizer --tool $tool ./$b $shape --batch 1 --heads 2 --warmup 0 --iters 1" > "$out"
-        limit=300
-        if [ "$SAN_DEADLINE" -gt 0 ]; then
-            left=$((SAN_DEADLINE - $(date +%s)))
-            [ $left -gt 0 ] || { echo "not run: GPU_SUITES_TIMEOUT is spent" >> "$out"; exit 0; }
-            [ $left -lt $limit ] && limit=$left
-        fi
-        # shellcheck disable=SC2086
-        (cd "$SAN_BIN" && timeout $limit compute-sanitizer --tool "$tool" --error-exitcode 1 "./$b" $shape --batch 1 \
-            --heads 2 --warmup 0 --iters 1) >> "$out" 2>&1
-        echo "rc=$?" >> "$out"' _
-    unset ATTN_SMEM_CAP_KB SAN_BIN SAN_DEADLINE
-    local pass=0 skip=0 fail f rc
-    for f in $(find "$dir" -name '*.log' | sort -V); do
-        cat "$f" >> "$log"
-        rc=$(tail -1 "$f" | sed 's/rc=//')
-        case $rc in 0) pass=$((pass + 1)) ;; 2) skip=$((skip + 1)) ;; *) sed -n 1p "$f" >> "$log.failed" ;; esac
-    done
-    fail=$((k - pass - skip)) # (a case that did not run counts as failed)
-    { echo "-- the cases refused, by reason:"
-      grep -l '^rc=2$' "$dir"/*.log | xargs -r grep -h '^stage[0-9]*: ' | sed 's/^/   /' | sort | uniq -c
-      echo "Synthesis: Tested: $k | Passing: $pass | Refused (exit 2, one line): $skip | Failing: $fail"; } >> "$log"
-    [ -f "$log.failed" ] && { echo "-- failed:"; cat "$log.failed"; } >> "$log"
-    rm -f "$log.failed"
-    report sanitize $((fail > 0 || pass == 0)) $((SECONDS - t0)) "$log" "compute-sanitizer on $bins, compute_75 PTX, 64 KiB"
+    while read -r b shape; do
+        for tool in memcheck racecheck synccheck; do printf '%s\t%s\t%s\n' "$tool" "$b" "$shape"; done
+    done <<< "$cases" |
+        ATTN_SMEM_CAP_KB=64 SANITIZE_DIR=$san_bin SANITIZE_REFUSED=1 SANITIZE_LIMIT=300 SANITIZE_DEADLINE=$deadline \
+            "$root/tests/sanitize.sh" "$jobs" >> "$log" 2>&1
+    rc=$?
+    report sanitize $rc $((SECONDS - t0)) "$log" "compute-sanitizer on $bins, compute_75 PTX, 64 KiB"
 }
 
 for s in "${suites[@]}"; do
