@@ -7,7 +7,7 @@ CPU_STAGES := 01_naive 02_tiled_cpu 03_online_softmax
 # The Hopper stages (wgmma, TMA, setmaxnreg) are compiled for sm_90a alone, which runs on compute
 # capability 9.0 only (H100, H200): elsewhere they exit 3 and their tests skip. Otherwise they are
 # GPU stages like the others.
-HOPPER_STAGES := 11_wgmma 12_warp_specialized 13_pingpong 14_persistent 16_hopper_backward 17_conditional_rescale 18_exp2_two_pipes
+HOPPER_STAGES := 11_wgmma 12_warp_specialized 13_pingpong 14_persistent 16_hopper_backward 17_conditional_rescale 18_exp2_two_pipes 19_fp8
 # Stages written for generation, a few queries against a long KV cache: measured by make
 # bench-decode, not on the FA-2 paper's grid (make bench, the charts and the README's table leave
 # them out). Otherwise GPU stages like the others.
@@ -287,6 +287,12 @@ SANITIZE_SHAPES_stage16 := "--seqlen 257 --dim 128 --dtype bf16 --causal" "--seq
                            "--seqlen 1000 --dim 128 --causal --deterministic" "--seqlen 65 --dim 64 --dtype bf16 --causal"
 SANITIZE_SHAPES_stage17 := $(SANITIZE_SHAPES_stage14)
 SANITIZE_SHAPES_stage18 := $(SANITIZE_SHAPES_stage14)
+# stage 19 takes fp8 alone, d = 128 and 256: its own shapes (tails of the 128-row tiles and of the
+# 64-row quantization blocks, the diagonal, --hadamard 0, many heads)
+SANITIZE_BASE_stage19 := "--dtype fp8 --seqlen 1 --dim 128" "--dtype fp8 --seqlen 100 --dim 128 --causal --counters" \
+                         "--dtype fp8 --seqlen 77 --dim 256" "--dtype fp8 --seqlen 130 --dim 256 --causal" \
+                         "--dtype fp8 --seqlen 300 --dim 128 --hadamard 0" "--dtype fp8 --seqlen 1000 --dim 128 --causal" \
+                         "--dtype fp8 --seqlen 65 --dim 128 --batch 4 --heads 150"
 # a stage that cannot take the shapes above (stage 15: at most 64 queries, no --counters) names its
 # own instead of them (after --batch 1 --heads 2, so each names --kv-heads 1 or 2)
 SANITIZE_BASE_stage15 := "--seqlen 1 --kv-len 1 --dim 64 --kv-heads 2" "--seqlen 1 --kv-len 3000 --dim 128 --kv-heads 1" \

@@ -117,6 +117,29 @@ static int tma_map_heads(CUtensorMap *map, const T *base, long long heads, int N
     return 0;
 }
 
+/* The same for a [heads][rows][cols] tensor of bytes (stage 19's e4m3 Q, K and V^T): a box of
+ * box_rows rows by 128 columns, one 128-byte swizzle row each, so a tile of `cols` bytes a row is
+ * cols / 128 copies, each into its column block. Rows past `rows` read as zeros. */
+static inline int tma_map_bytes(CUtensorMap *map, const uint8_t *base, long long heads, int rows, int cols, int box_rows,
+                         char *why, size_t n)
+{
+    const PFN_cuTensorMapEncodeTiled_v12000 encode = tma_encode_tiled(why, n);
+    if (!encode) return ATTN_CUDA_ERROR;
+    const cuuint64_t dims[3] = {(cuuint64_t)cols, (cuuint64_t)rows, (cuuint64_t)heads};
+    const cuuint64_t strides[2] = {(cuuint64_t)cols, (cuuint64_t)rows * cols};
+    const cuuint32_t box[3] = {128, (cuuint32_t)box_rows, 1};
+    const cuuint32_t steps[3] = {1, 1, 1};
+    const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, (void *)base, dims, strides, box, steps,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        snprintf(why, n, "cuTensorMapEncodeTiled failed (CUresult %d) for a [%lld][%d][%d] byte tensor at %p, box %d x 128",
+                 (int)r, heads, rows, cols, (const void *)base, box_rows);
+        return ATTN_CUDA_ERROR;
+    }
+    return 0;
+}
+
 /* ---- the bulk tensor copy (device) ---- */
 
 static __device__ __forceinline__ unsigned smem_u32(const void *p)
