@@ -7,7 +7,8 @@
 # A stage that measures a backward (stage 10) prints bwd rows: its own binary says so.
 #
 # The grid: 16k tokens per batch (B = 16384 / N), hidden size 2048 (H = 2048 / d),
-# d in {64, 128}, N in {512 ... 16384}, causal and not, fp16 (DTYPES="fp16 bf16" adds bf16 rows;
+# d in {64, 128}, N in {512 ... 16384}, causal and not, fp16 (DTYPES="fp16 bf16" adds bf16 rows,
+# DTYPES="fp16 fp8" stage 19's FP8 rows, beside the 16-bit stages' fp16 ones: torch has no FP8 attention;
 # the charts and tables read the fp16 rows, plots/ratio.sh --dtype bf16 the others). A stage that
 # refuses a dtype or a head dim (exit 2) is skipped there with its one line, not counted a failure.
 # The columns are the stages' own: each stage runs with --csv, which prints common/report.c's
@@ -88,10 +89,14 @@ if [ "$TORCH" = 0 ]; then
   echo "bench: TORCH=0: no torch-flash / torch-cudnn rows and no matmul this run" >&2
 elif python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
   # in the background, so that a stop reaches the trap at once (it stops torch and keeps its rows)
-  python3 -u bench/torch_sdpa.py --columns "$header" --seqlens $SEQLENS --dims $DIMS --dtypes $DTYPES --warmup "$WARMUP" --iters "$ITERS" >> "$rows" &
-  torch_pid=$!
-  wait "$torch_pid" || failed=1
-  torch_pid=
+  # (torch's attention has no fp8: its rows in the 16-bit dtypes asked for; the matmul has all)
+  sdpa_dtypes=$(tr ' ' '\n' <<< "$DTYPES" | grep -v '^fp8$' | tr '\n' ' ')
+  if [ -n "${sdpa_dtypes// }" ]; then
+    python3 -u bench/torch_sdpa.py --columns "$header" --seqlens $SEQLENS --dims $DIMS --dtypes $sdpa_dtypes --warmup "$WARMUP" --iters "$ITERS" >> "$rows" &
+    torch_pid=$!
+    wait "$torch_pid" || failed=1
+    torch_pid=
+  fi
   # the ceiling in the same run: torch.matmul at 8192^3, into bench/data/<gpu>_matmul.csv
   python3 -u bench/torch_matmul.py --dtypes $DTYPES --warmup "$WARMUP" --iters "$ITERS" || failed=1
 else

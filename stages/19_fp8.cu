@@ -805,7 +805,9 @@ int quantize(const struct attn_args *a, const fp8_workspace &w, const hadamard_s
     return 0;
 }
 
-template <typename Cfg, bool COUNT>
+/* ATTEND false (bench/ablations/19_quant_only.cu): the quantization alone, so that its time can be
+ * read apart from the whole forward's */
+template <typename Cfg, bool COUNT, bool ATTEND>
 int launch(const struct attn_args *a, char *why, size_t n)
 {
     typedef tiles<Cfg> Tiles;
@@ -834,6 +836,7 @@ int launch(const struct attn_args *a, char *why, size_t n)
     if (a->hadamard) quantize<HeadDim, true>(a, w, signs);
     else quantize<HeadDim, false>(a, w, signs);
     CUDA_TRY(cudaGetLastError());
+    if (!ATTEND) return 0;
 
     struct device_facts dev;
     if (int rc = device_facts_of(&dev, why, n)) return rc;
@@ -852,24 +855,25 @@ int launch(const struct attn_args *a, char *why, size_t n)
     return 0;
 }
 
-template <bool COUNT>
+template <bool COUNT, bool ATTEND>
 int dispatch_d(const struct attn_args *a, char *why, size_t n)
 {
     switch (a->sh.d) {
-    case 128: return launch<cfg<128>, COUNT>(a, why, n);
-    case 256: return launch<cfg<256>, COUNT>(a, why, n);
+    case 128: return launch<cfg<128>, COUNT, ATTEND>(a, why, n);
+    case 256: return launch<cfg<256>, COUNT, ATTEND>(a, why, n);
     }
     snprintf(why, n, "supports head dim 128 or 256 (got d=%d; d = 64 needs the 64-byte swizzle, not written yet)", a->sh.d);
     return ATTN_UNSUPPORTED;
 }
 
+template <bool ATTEND = true>
 int forward(const struct attn_args *a, char *why, size_t n)
 {
     if (a->dtype != DT_FP8) {
         snprintf(why, n, "supports fp8 only (got %s): the 16-bit forward is stage 18's", dtype_name(a->dtype));
         return ATTN_UNSUPPORTED;
     }
-    return a->counters ? dispatch_d<true>(a, why, n) : dispatch_d<false>(a, why, n);
+    return a->counters ? dispatch_d<true, ATTEND>(a, why, n) : dispatch_d<false, ATTEND>(a, why, n);
 }
 
 /* What the summary names: the tiles, the schedule, and the sections of heads for this shape. */
@@ -910,7 +914,7 @@ extern "C" const struct stage stage19_desc = {
     .name = "stage19",
     .idea = "Hopper, FP8: e4m3 Q, K, V quantized per 64 rows (Q, K through a random-sign Hadamard), V^T for the 8-bit wgmma, P packed in registers",
     .device = ON_GPU,
-    .forward = forward,
+    .forward = forward<>,
     .backward = NULL,
     .dims = {128, 256},
     .dtypes = DT_FP8,
