@@ -1,12 +1,9 @@
 /* fp8_error.c: what FP8 does to attention's accuracy, before a kernel exists: the FP8 stage's
  * arithmetic emulated on the CPU, its error against the fp64 oracle, per way of quantizing.
  *
- * For each (batch, head), causal or not, the forward is computed as the FP8 stage computes it:
- *   Q, K, V quantized to e4m3 with fp32 scales (below); S = sQ sK (Q8 K8^T), fp32 sums;
- *   m = rowmax(S), P = exp(scale (S - m)) in fp32, l = rowsum(P) in fp32;
- *   P carried into P V as e4m3(256 P): P <= 1, and 256 P <= 256 < 448 keeps its small values out of
- *   e4m3's subnormals (a free factor for the kernel: exp2(x + 8)); O = sum_j sV_j e4m3(256 P) V8 /
- *   (256 l), fp32 sums.
+ * For each (batch, head), causal or not, the forward is computed as the FP8 stage computes it, by
+ * the emulation the check of an FP8 run uses (fp8_forward_row, common/fp8.h: Q, K, V quantized to
+ * e4m3 with fp32 scales; S = sQ sK (Q8 K8^T) and l in fp32; P carried into P V as e4m3(256 P)).
  * The ways of quantizing Q, K and V (one fp32 scale = max|x| / 448 over what it covers):
  *   per-tensor        one scale per tensor;
  *   per-block         one per block of BLOCK rows of a head (Q tiles and K/V tiles of BLOCK rows);
@@ -30,51 +27,15 @@ enum mode { FP16, PER_TENSOR, PER_BLOCK, PER_BLOCK_H, N_MODES };
 static const char *mode_name[N_MODES] = {"fp16 (P in fp16)", "fp8, a scale per tensor", "fp8, a scale per block",
                                          "fp8, per block + Hadamard"};
 
-/* x [rows][d] quantized in place to e4m3 values (kept as floats, already divided by their scale),
- * with one scale per `block` rows (block = rows: one for all); scales[] gets them. */
-static void quantize(float *x, size_t rows, int d, size_t block, float *scales)
-{
-    for (size_t r0 = 0; r0 < rows; r0 += block) {
-        const size_t r1 = r0 + block < rows ? r0 + block : rows;
-        float amax = 0.0f;
-        for (size_t e = r0 * d; e < r1 * d; e++) amax = fmaxf(amax, fabsf(x[e]));
-        const float s = amax > 0.0f ? amax / E4M3_MAX : 1.0f;
-        for (size_t e = r0 * d; e < r1 * d; e++) x[e] = e4m3_to_f32(f32_to_e4m3(x[e] / s));
-        scales[r0 / block] = s;
-    }
-}
-
-/* One head's O [N][d] the emulated way. q, k, v: the head's rows, already transformed and
- * quantized (fp8 modes: e4m3 values with scales sq, sk, sv per block of `block` rows). */
-static void head_forward(enum mode mode, int N, int d, int causal, float scale, const float *q, const float *k,
-                         const float *v, const float *sq, const float *sk, const float *sv, int block, double *o)
+/* One head's O [N][d] the emulated way (fp8_forward_row, common/fp8.h), a row at a time. */
+static void head_forward(const struct fp8_head *hd, int N, int causal, float scale, double *o)
 {
 #pragma omp parallel
     {
         float *S = malloc((size_t)N * sizeof(float));
-        double *acc = malloc((size_t)d * sizeof(double));
 #pragma omp for schedule(dynamic, 16)
-        for (int i = 0; i < N; i++) {
-            const int keys = causal ? i + 1 : N;
-            float m = -INFINITY;
-            for (int j = 0; j < keys; j++) {
-                float dot = 0.0f; /* fp32 sums, as the tensor cores' */
-                for (int c = 0; c < d; c++) dot += q[(size_t)i * d + c] * k[(size_t)j * d + c];
-                S[j] = mode == FP16 ? dot : dot * sq[i / block] * sk[j / block];
-                m = fmaxf(m, S[j]);
-            }
-            float l = 0.0f;
-            for (int c = 0; c < d; c++) acc[c] = 0.0;
-            for (int j = 0; j < keys; j++) {
-                const float P = expf(scale * (S[j] - m));
-                l += P;
-                const float Pq = mode == FP16 ? round_to_dtype(P, DT_F16) : e4m3_to_f32(f32_to_e4m3(256.0f * P)) / 256.0f;
-                const float w = mode == FP16 ? Pq : Pq * sv[j / block];
-                for (int c = 0; c < d; c++) acc[c] += (double)(w * v[(size_t)j * d + c]);
-            }
-            for (int c = 0; c < d; c++) o[(size_t)i * d + c] = acc[c] / l;
-        }
-        free(S), free(acc);
+        for (int i = 0; i < N; i++) fp8_forward_row(hd, i, causal ? i + 1 : N, scale, S, o + (size_t)i * hd->d, NULL);
+        free(S);
     }
 }
 
@@ -114,30 +75,30 @@ int main(int argc, char **argv)
         float *sq = malloc(rows * sizeof(float)), *sk = malloc(rows * sizeof(float)), *sv = malloc(rows * sizeof(float));
         double *o = malloc((size_t)N * d * sizeof(double));
         int8_t *signs = malloc(d);
-        hadamard_signs(signs, d, 1);
+        hadamard_signs(signs, d, FP8_HADAMARD_SEED);
         for (int mode = 0; mode < N_MODES; mode++) {
             memcpy(q, Q, n * sizeof(float)), memcpy(k, K, n * sizeof(float)), memcpy(v, V, n * sizeof(float));
-            if (mode == PER_BLOCK_H) hadamard_rows(q, rows, d, signs), hadamard_rows(k, rows, d, signs);
-            /* per-tensor: one scale for the whole tensor (every head), spread to every block */
+            /* per-tensor: one scale for the whole tensor (every head), spread to every row */
             if (mode == PER_TENSOR) {
                 float s3[3];
-                quantize(q, rows, d, rows, &s3[0]), quantize(k, rows, d, rows, &s3[1]), quantize(v, rows, d, rows, &s3[2]);
+                fp8_quantize(q, rows, d, rows, &s3[0]), fp8_quantize(k, rows, d, rows, &s3[1]);
+                fp8_quantize(v, rows, d, rows, &s3[2]);
                 for (size_t r = 0; r < rows; r++) sq[r] = s3[0], sk[r] = s3[1], sv[r] = s3[2];
             }
+            /* fp16: the inputs as they are, scales of 1, P rounded to fp16 */
+            if (mode == FP16)
+                for (size_t r = 0; r < rows; r++) sq[r] = sk[r] = sv[r] = 1.0f;
             double se = 0.0;
             for (int h = 0; h < H; h++) {
                 const size_t off = (size_t)h * N * d;
-                float hs[3] = {1.0f, 1.0f, 1.0f};
-                const float *hq = sq, *hk = sk, *hv = sv;
-                int hb = block;
-                if (mode == PER_BLOCK || mode == PER_BLOCK_H) {
-                    quantize(q + off, N, d, block, sq), quantize(k + off, N, d, block, sk), quantize(v + off, N, d, block, sv);
-                } else if (mode == FP16) {
-                    hq = hk = hv = hs, hb = N; /* unused scales of 1 */
-                } else {
-                    hb = N; /* per tensor: sq[0], sk[0], sv[0] hold the tensor's scales */
-                }
-                head_forward((enum mode)mode, N, d, causal, sh.scale, q + off, k + off, v + off, hq, hk, hv, hb, o);
+                /* per tensor and fp16: one scale a head (block = N); per block: the head quantized
+                 * in blocks of `block` rows, after the Hadamard transform of Q and K for "+ H" */
+                struct fp8_head hd = {.d = d, .block = N, .p_dtype = mode == FP16 ? DT_F16 : DT_FP8,
+                                      .q = q + off, .k = k + off, .v = v + off, .sq = sq, .sk = sk, .sv = sv};
+                if (mode == PER_BLOCK || mode == PER_BLOCK_H)
+                    fp8_head_quantize(&hd, &sh, Q, K, V, 0, h, block, mode == PER_BLOCK_H ? signs : NULL);
+                head_forward(&hd, N, causal, sh.scale, o);
+                if (mode == PER_BLOCK || mode == PER_BLOCK_H) fp8_head_free(&hd);
                 for (size_t e = 0; e < (size_t)N * d; e++) {
                     const double diff = o[e] - Oref[off + e];
                     se += diff * diff;

@@ -16,11 +16,14 @@ const char *dtype_name(enum dtype dt)
     case DT_F32: return "fp32";
     case DT_F16: return "fp16";
     case DT_BF16: return "bf16";
+    case DT_FP8: return "fp8";
     }
     return "?";
 }
 
-size_t dtype_size(enum dtype dt) { return dt == DT_F32 ? 4 : 2; }
+enum dtype dtype_io(enum dtype dt) { return dt == DT_FP8 ? DT_F16 : dt; }
+
+size_t dtype_size(enum dtype dt) { return dtype_io(dt) == DT_F32 ? 4 : 2; }
 
 int stage_supports(const struct stage *st, const struct shape *sh, enum dtype dt, char *why, size_t n)
 {
@@ -46,9 +49,13 @@ int stage_supports(const struct stage *st, const struct shape *sh, enum dtype dt
                  st->max_seqlen, sh->N);
         return 0;
     }
+    if (dt == DT_FP8 && st->measures_backward) {
+        snprintf(why, n, "%s measures its backward; fp8 is a forward only (--dtype fp16 or bf16)", st->name);
+        return 0;
+    }
     if (!(st->dtypes & dt)) {
         int k = snprintf(why, n, "%s does not support dtype %s; it supports:", st->name, dtype_name(dt));
-        for (unsigned bit = DT_F32; bit <= DT_BF16; bit <<= 1)
+        for (unsigned bit = DT_F32; bit <= DT_LAST; bit <<= 1)
             if ((st->dtypes & bit) && k > 0 && (size_t)k < n)
                 k += snprintf(why + k, n - k, " %s", dtype_name((enum dtype)bit));
         return 0;

@@ -21,7 +21,12 @@ extern "C" {
 
 #define CEIL_DIV(a, b) (((a) + (b) - 1) / (b))
 
-enum dtype { DT_F32 = 1, DT_F16 = 2, DT_BF16 = 4 };
+/* DT_FP8: the stage computes in FP8 e4m3 (stage 19), but is handed Q, K, V in fp16, exactly as a
+ * --dtype fp16 stage is (the same buffers, the same inputs bit for bit), quantizes them itself, and
+ * returns O in fp16 (L in fp32): every buffer the harness sizes, uploads, downloads or poisons is
+ * an fp16 one (dtype_io). Forward only. */
+enum dtype { DT_F32 = 1, DT_F16 = 2, DT_BF16 = 4, DT_FP8 = 8 };
+#define DT_LAST DT_FP8 /* the highest bit of enum dtype, for loops over a stage's mask */
 enum device_kind { ON_CPU, ON_GPU };
 
 struct shape {
@@ -39,7 +44,7 @@ struct shape {
 };
 
 /* One call's tensors. For a CPU stage the pointers are host memory in fp32; for a GPU stage they
- * are device memory in `dtype` (O too), L is always fp32. `work` is `workspace_bytes` of scratch
+ * are device memory in dtype_io(dtype) (O too: fp16 for DT_FP8), L is always fp32. `work` is `workspace_bytes` of scratch
  * the harness allocated for the stage (device memory for a GPU stage), or NULL if it asked none;
  * zeroed once when allocated, and kept for every call on that problem (a stage may keep state in
  * it from one call to the next, as stage 15's merge counters, which each call leaves at zero). */
@@ -53,6 +58,9 @@ struct attn_args {
     void *dQ, *dK, *dV;      /* backward only: outputs */
     void *work;
     int deterministic;       /* backward: bitwise-identical dQ from run to run (--deterministic) */
+    /* DT_FP8 (--hadamard): 1 when Q and K are multiplied by the random-sign Hadamard matrix
+     * (common/fp8.h, signs from FP8_HADAMARD_SEED) before they are quantized; 0 in any other dtype. */
+    int hadamard;
     /* --counters: device memory for N_COUNTERS tallies, zeroed, which the stage's kernel adds
      * the work it did to (a counting instantiation of the kernel); NULL in every timed run. */
     unsigned long long *counters;
@@ -155,6 +163,9 @@ int stage_failed(const struct stage *st, int rc, char *why, size_t n);
 int stage_supports(const struct stage *st, const struct shape *sh, enum dtype dt, char *why, size_t n);
 
 const char *dtype_name(enum dtype dt);
+/* The dtype of the tensors a stage computing in dt is handed and returns: dt itself, but fp16 for
+ * DT_FP8 (the stage quantizes its fp16 inputs itself). dtype_size is the size of one of those. */
+enum dtype dtype_io(enum dtype dt);
 size_t dtype_size(enum dtype dt);
 
 /* Index of element (b, h, i, c) in a [B, H, N, d] tensor, and of row (b, h, i) in [B, H, N]. */

@@ -17,7 +17,10 @@
  *     N_kv keys a row sums over);
  *   - 16 u32: exp, log and the division, a few ulps each.
  * NaN or Inf in the output fails, always.
+ * FP8 (DT_FP8) has a rule of its own, against its arithmetic emulated (compare_fp8_head, below);
+ * the fp16 rule above is its floor.
  */
+#include "fp8.h"
 #include "harness.h"
 #include <math.h>
 #include <stdlib.h>
@@ -29,6 +32,7 @@ static double unit_roundoff(enum dtype dt)
     switch (dt) {
     case DT_F16: return 1.0 / 2048; /* 2^-11 */
     case DT_BF16: return 1.0 / 256; /* 2^-8 */
+    case DT_FP8: return 1.0 / 2048; /* its O is fp16; the rest of its error: compare_fp8_head */
     default: return 0;              /* fp32 rounding is in the u32 terms */
     }
 }
@@ -270,4 +274,94 @@ void compare_grad_head(const struct shape *sh, enum dtype dt, const float *Q, co
         c[t] = a;
     }
     free(rss);
+}
+
+/* ---- FP8 (DT_FP8): against the stage's own arithmetic, emulated ----
+ * An FP8 stage's error is not a few units of roundoff: e4m3 keeps 3 mantissa bits, so each of
+ * Q, K, V, P is off by up to 2^-4 of itself, and with outlier features the scores by a few per
+ * cent of thousands; no bound in u_dt would be tight on one input and sound on the next. So the
+ * rule is DESIGN.md's "twice the error of the computation done in the stage's precision, plus a
+ * small floor", with that computation done: the FP8 stage's arithmetic emulated on the host
+ * (fp8_forward_row in common/fp8.c: the same blocks of FP8_BLOCK_ROWS, the same Hadamard setting
+ * and signs, e4m3(256 P) into P V), both against the fp64 oracle on the same fp16 inputs:
+ *   row i of O:  max_c |O_ic - O_ref_ic| <= 2 max_c |O_emu_ic - O_ref_ic| + tol_output(fp16)
+ *   L_i:         |L_i - L_ref_i|          <= 2 |L_emu_i - L_ref_i|         + tol_lse(fp16)
+ * Why per row and by the row's largest error, not per element: the stage and the emulation round
+ * the same values to e4m3 the same way, but not all of them: a kernel's P_ij is taken against the
+ * running max of the keys it has seen (the emulation's against the row's), and its fp32 sums run
+ * in another order, so a value near a tie of e4m3 can round up on one side and down on the other
+ * (a whole e4m3 step, 2^-3 of it). Those are errors of the same size but not the same errors, and
+ * element by element one side's can be near zero where the other's is not. Over a row's d elements
+ * the largest of either is a steady figure (each moves every element of the row: a P_ij all of
+ * O_i's, a score all the row's P), so twice it holds a correct stage with room, and still fails an
+ * element gone wrong by more than twice what FP8 itself costs the row. The floor is the fp16
+ * stages' own allowance: the stage returns O rounded to fp16 (the emulation keeps fp64), and sums
+ * in fp32 in its own order. L is one value a row, its error that of the row's scores (the same
+ * quantized values on both sides), so it is judged alone. NaN or Inf fails, always. */
+void compare_fp8_head(const struct shape *sh, int hadamard, const float *Q, const float *K, const float *V,
+                      const float *O, const float *L, int b, int h, const int *rows, int nrows, double floor_O,
+                      double floor_L, struct cmp *cO, struct cmp *cL, int first)
+{
+    const int d = sh->d;
+    struct fp8_head hd;
+    int8_t *signs = NULL;
+    if (hadamard) {
+        signs = malloc((size_t)d);
+        hadamard_signs(signs, d, FP8_HADAMARD_SEED);
+    }
+    fp8_head_quantize(&hd, sh, Q, K, V, b, h, FP8_BLOCK_ROWS, signs);
+    /* each checked row as one comparison, for O and for L (t = 0, 1): its worst element (a
+     * nonfinite one first), that element's reference, the row's allowance, the sum of its errors
+     * and its count of nonfinite elements */
+    struct fp8_row { size_t at; double err, want, tol, sum; size_t nonfinite; } *row = malloc(sizeof *row * 2 * (size_t)(nrows > 0 ? nrows : 1));
+#pragma omp parallel
+    {
+        double *o_ref = malloc(sizeof(double) * 2 * (size_t)d), *o_emu = o_ref + d;
+        float *S = malloc(sizeof(float) * (size_t)shape_kv_len(sh));
+#pragma omp for schedule(dynamic, 4)
+        for (int r = 0; r < nrows; r++) {
+            const int i = rows[r];
+            double lse_ref, lse_emu, e_emu = 0;
+            oracle_forward_row(sh, Q, K, V, b, h, i, o_ref, &lse_ref);
+            fp8_forward_row(&hd, i, keys_seen(sh, i), sh->scale, S, o_emu, &lse_emu);
+            struct fp8_row *ro = &row[2 * r], *rl = &row[2 * r + 1];
+            *ro = (struct fp8_row){.err = -1};
+            for (int c = 0; c < d; c++) {
+                e_emu = fmax(e_emu, fabs(o_emu[c] - o_ref[c]));
+                const size_t at = idx4(sh, b, h, i, c);
+                /* a nonfinite element is the row's worst: infinitely far past any allowance */
+                const double e = isfinite(O[at]) ? fabs((double)O[at] - o_ref[c]) : INFINITY;
+                if (isfinite(e)) ro->sum += e;
+                else ro->nonfinite++;
+                if (e > ro->err) ro->err = e, ro->at = at, ro->want = o_ref[c];
+            }
+            ro->tol = 2 * e_emu + floor_O;
+            const size_t at = idx3(sh, b, h, i);
+            const double e = isfinite(L[at]) ? fabs((double)L[at] - lse_ref) : INFINITY;
+            *rl = (struct fp8_row){.at = at, .err = e, .want = lse_ref, .tol = 2 * fabs(lse_emu - lse_ref) + floor_L,
+                                   .sum = isfinite(e) ? e : 0, .nonfinite = !isfinite(e)};
+        }
+        free(o_ref), free(S);
+    }
+    /* fold the rows into cO and cL: the worst element shown is the one furthest past its row's
+     * allowance, tol that allowance; max_err the largest finite error */
+    for (int t = 0; t < 2; t++) {
+        struct cmp *c = t ? cL : cO, a = first ? (struct cmp){.pass = 1} : *c;
+        const float *got = t ? L : O;
+        double worst_x = first ? -1 : isfinite(a.got) ? excess(fabs(a.got - a.want), a.tol) : INFINITY;
+        double sum = a.mean_err * a.count;
+        for (int r = 0; r < nrows; r++) {
+            const struct fp8_row *w = &row[2 * r + t];
+            const double x = excess(w->err, w->tol);
+            sum += w->sum, a.nonfinite += w->nonfinite;
+            if (isfinite(w->err)) a.max_err = fmax(a.max_err, w->err);
+            if (x > 1) a.pass = 0;
+            if (x > worst_x) worst_x = x, a.worst = w->at, a.got = got[w->at], a.want = w->want, a.tol = w->tol;
+        }
+        a.count += (size_t)nrows * (t ? 1 : (size_t)d);
+        a.mean_err = a.count ? sum / a.count : 0;
+        *c = a;
+    }
+    free(row), free(signs);
+    fp8_head_free(&hd);
 }

@@ -3,6 +3,7 @@
  * to it: the table below says which. --kv-len and --kv-heads are the exception: --help lists them
  * only for a stage with a KV cache (its descriptor's kv_cache), but every stage reads them, so that
  * a self-attention stage given a KV cache says in its one line that it is self-attention only. */
+#include "fp8.h"
 #include "harness.h"
 #include <errno.h>
 #include <float.h>
@@ -14,7 +15,7 @@
 
 /* ---- which options a stage takes ---- */
 
-enum takes { ANY_STAGE, GPU_STAGE, GPU_FORWARD, BACKWARD, SPLIT_KV };
+enum takes { ANY_STAGE, GPU_STAGE, GPU_FORWARD, BACKWARD, SPLIT_KV, FP8_STAGE };
 
 /* --splits S: at most this many slices of the keys (a split-KV stage's own rule picks a few per SM;
  * more than the keys' tiles leaves some slices empty, which the merge weighs at zero) */
@@ -29,6 +30,7 @@ static int stage_takes(const struct stage *st, enum takes t)
     case GPU_FORWARD: return st->device == ON_GPU && !st->measures_backward && !st->kv_splits;
     case BACKWARD: return st->measures_backward;
     case SPLIT_KV: return st->kv_splits != NULL;
+    case FP8_STAGE: return (st->dtypes & DT_FP8) != 0; /* --hadamard: how it quantizes */
     }
     return 0;
 }
@@ -46,6 +48,7 @@ static const struct option_def {
     {"--counters", 0, GPU_FORWARD},  {"--deterministic", 0, BACKWARD},  {"--load", 1, ANY_STAGE},
     {"--save", 1, ANY_STAGE},          {"--help", 0, ANY_STAGE},          {"-h", 0, ANY_STAGE},
     {"--kv-len", 1, ANY_STAGE},      {"--kv-heads", 1, ANY_STAGE},      {"--splits", 1, SPLIT_KV},
+    {"--outliers", 1, ANY_STAGE},    {"--hadamard", 1, FP8_STAGE},
 };
 
 static const struct option_def *find_option(const struct stage *st, const char *name)
@@ -75,7 +78,7 @@ static void usage(const struct stage *st, const struct opts *def, FILE *f)
         snprintf(seqlen, sizeof seqlen, "sequence length, any N >= 1");
     const char *items[8];
     int count = 0;
-    for (unsigned bit = DT_F32; bit <= DT_BF16; bit <<= 1)
+    for (unsigned bit = DT_F32; bit <= DT_LAST; bit <<= 1)
         if (st->dtypes & bit) items[count++] = dtype_name((enum dtype)bit);
     list_words(dtypes, sizeof dtypes, items, count);
     if (st->dims[0] == 0) {
@@ -98,6 +101,8 @@ static void usage(const struct stage *st, const struct opts *def, FILE *f)
             "  --dtype T          %s (default %s)\n"
             "  --softmax-scale s  softmax scale (default 1/sqrt(d))\n"
             "  --input-scale a    inputs drawn uniformly from [-a, a] (default 1)\n"
+            "  --outliers F       %d channels of Q and K multiplied by F in every row, the outlier\n"
+            "                     features of real models (F >= 1; default 1: none)\n"
             "  --seed S           input seed (default %llu)\n"
             "  --warmup W         untimed runs first (default %d)\n"
             "  --iters I          timed runs; median and minimum reported (default %d)\n"
@@ -107,7 +112,7 @@ static void usage(const struct stage *st, const struct opts *def, FILE *f)
             st->name, st->idea, st->name, def->sh.B, def->sh.H, seqlen, def->sh.N, dims, def->sh.d,
             st->kv_cache ? "query i sees the keys up to its position, N_kv - N + i (N = N_kv: keys 0..i)"
                          : "query i sees keys 0..i only",
-            dtypes, dtype_name(def->dtype), (unsigned long long)def->seed, def->warmup, def->iters);
+            dtypes, dtype_name(def->dtype), OUTLIER_CHANNELS, (unsigned long long)def->seed, def->warmup, def->iters);
     if (st->kv_cache) {
         char nkv[16] = "N", hkv[16] = "H";
         if (def->sh.N_kv) snprintf(nkv, sizeof nkv, "%d", def->sh.N_kv);
@@ -122,6 +127,9 @@ static void usage(const struct stage *st, const struct opts *def, FILE *f)
         fprintf(f, "  --splits S         cut each KV head's keys into S slices, merged by their logsumexp\n"
                    "                     (1 to %d; default: the stage's rule, from the shape and the SM count)\n",
                 MAX_SPLITS);
+    if (stage_takes(st, FP8_STAGE))
+        fprintf(f, "  --hadamard 0|1     fp8: multiply Q and K by a random-sign Hadamard matrix before quantizing\n"
+                   "                     (incoherent processing; default 1)\n");
     if (stage_takes(st, GPU_STAGE)) fprintf(f, "  --flush-l2         empty the L2 cache (read a buffer twice its size) before every timed run\n");
     if (stage_takes(st, GPU_FORWARD))
         fprintf(f, "  --counters         run the kernel's counting build once more and print the work on O\n"
@@ -174,8 +182,13 @@ static void defaults(const struct stage *st, struct opts *o)
         if (st->dims[0] == 0 || st->dims[0] == 128 || st->dims[1] == 128) o->sh.d = 128;
     }
     o->dtype = gpu ? DT_F16 : DT_F32;
+    if (!(st->dtypes & o->dtype)) /* a stage without it (the FP8 stage): its first dtype */
+        for (unsigned bit = DT_LAST; bit >= DT_F32; bit >>= 1)
+            if (st->dtypes & bit) o->dtype = (enum dtype)bit;
     o->seed = 1234;
     o->input_scale = 1.0f;
+    o->outliers = 1.0f;
+    o->hadamard = -1; /* not given: 1 for fp8 (below) */
     o->warmup = gpu ? 3 : 1;
     o->iters = gpu ? 20 : 3;
     o->check = 1;
@@ -255,7 +268,17 @@ int parse_opts(const struct stage *st, int argc, char **argv, struct opts *o, in
             if (!strcmp(val, "fp32")) o->dtype = DT_F32;
             else if (!strcmp(val, "fp16")) o->dtype = DT_F16;
             else if (!strcmp(val, "bf16")) o->dtype = DT_BF16;
-            else return bad(st, "--dtype %s: expected fp32, fp16 or bf16", val);
+            else if (!strcmp(val, "fp8")) o->dtype = DT_FP8;
+            else return bad(st, "--dtype %s: expected fp32, fp16, bf16 or fp8", val);
+        } else if (!strcmp(name, "--hadamard")) {
+            err = parse_int(val, 0, 1, &o->hadamard);
+        } else if (!strcmp(name, "--outliers")) {
+            char *end;
+            errno = 0;
+            float v = strtof(val, &end);
+            err = errno || end == val || *end || !(v >= 1.0f) || !isfinite(v);
+            if (err) return bad(st, "--outliers %s: expected a factor F >= 1 (1: no outliers)", val);
+            o->outliers = v;
         } else if (!strcmp(name, "--softmax-scale") || !strcmp(name, "--input-scale")) {
             char *end;
             errno = 0;
@@ -271,6 +294,12 @@ int parse_opts(const struct stage *st, int argc, char **argv, struct opts *o, in
     if (!o->sh.H_kv) o->sh.H_kv = o->sh.H;
     o->sh.scale = softmax_scale > 0 ? softmax_scale : 1.0f / sqrtf((float)o->sh.d);
     o->softmax_scale_set = softmax_scale > 0;
+    /* --hadamard chooses how FP8 quantizes: meaningless in any other dtype */
+    if (o->hadamard >= 0 && o->dtype != DT_FP8)
+        return bad(st, "--hadamard applies to --dtype fp8 only (this run is %s)", dtype_name(o->dtype));
+    if (o->hadamard < 0) o->hadamard = o->dtype == DT_FP8;
+    /* the outliers multiply the generated inputs; loaded ones are what they are */
+    if (o->outliers > 1.0f && o->load_dir) return bad(st, "--outliers multiplies generated inputs; it does not go with --load");
     if (stage_takes(st, GPU_STAGE)) { /* the environment is part of a GPU stage's command line */
         char why[160];
         size_t cap;
@@ -315,7 +344,7 @@ static double dtype_max(enum dtype dt) { return dt == DT_BF16 ? 3.38953138925153
  * implementation, and no check can tell a right answer from a wrong one. */
 #define SCORE_LIMIT 4194304.0 /* 2^22 */
 
-int check_limits(const struct stage *st, const struct shape *sh, enum dtype dt, double amplitude)
+int check_limits(const struct stage *st, const struct shape *sh, enum dtype dt, double amplitude, double outliers)
 {
     /* host memory: Q, K, V, O (fp32) and the reference's copy of O, plus dO and three gradients
      * for a backward; double arithmetic, so a huge shape cannot wrap around */
@@ -327,12 +356,20 @@ int check_limits(const struct stage *st, const struct shape *sh, enum dtype dt, 
     if (have > 0 && bytes > have)
         return bad(st, "B=%d H=%d N=%d d=%d (N_kv=%d, H_kv=%d) needs about %.3g GB of host memory; this machine has "
                    "%.3g GB", sh->B, sh->H, sh->N, sh->d, shape_kv_len(sh), shape_kv_heads(sh), bytes / 1e9, have / 1e9);
-    if (amplitude > dtype_max(dt))
-        return bad(st, "inputs of magnitude %g do not fit %s (largest %g)%s", amplitude, dt == DT_BF16 ? "bf16" : "fp16",
-                   dtype_max(dt), dt == DT_BF16 ? "" : ", the dtype every stage's inputs are rounded through");
-    const double smax = (double)sh->scale * sh->d * amplitude * amplitude;
-    if (smax >= SCORE_LIMIT)
-        return bad(st, "scores could reach scale * d * a^2 = %.3g; fp32 resolves a softmax only below 2^22 = %.3g "
-                       "(lower --softmax-scale or --input-scale)", smax, SCORE_LIMIT);
+    /* the outlier channels of Q and K hold the largest values, amplitude * outliers */
+    if (amplitude * outliers > dtype_max(dt))
+        return bad(st, "inputs of magnitude %g%s do not fit %s (largest %g)%s", amplitude * outliers,
+                   outliers > 1 ? " (--input-scale times --outliers)" : "", dt == DT_BF16 ? "bf16" : "fp16", dtype_max(dt),
+                   dt == DT_BF16 ? "" : ", the dtype every stage's inputs are rounded through");
+    /* q . k sums d products of at most a^2, of which the outlier channels' (min(4, d) of them) are
+     * at most (a F)^2 */
+    const int n_out = sh->d < OUTLIER_CHANNELS ? sh->d : OUTLIER_CHANNELS;
+    const double smax = (double)sh->scale * amplitude * amplitude * ((sh->d - n_out) + n_out * outliers * outliers);
+    if (smax >= SCORE_LIMIT) {
+        char bound[64] = "scale * d * a^2";
+        if (outliers > 1) snprintf(bound, sizeof bound, "scale * a^2 * (d - %d + %d F^2)", n_out, n_out);
+        return bad(st, "scores could reach %s = %.3g; fp32 resolves a softmax only below 2^22 = %.3g (lower "
+                       "--softmax-scale, --input-scale%s)", bound, smax, SCORE_LIMIT, outliers > 1 ? " or --outliers" : "");
+    }
     return 0;
 }

@@ -1,8 +1,12 @@
-/* fp8.c: the random-sign Hadamard transform and outlier inputs (fp8.h). */
+/* fp8.c: the random-sign Hadamard transform, outlier inputs and the FP8 stage's arithmetic emulated on
+ * the host (fp8.h). */
 #include "fp8.h"
 #include "half.h"
 #include "harness.h"
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 void hadamard_signs(int8_t *signs, int d, uint64_t seed)
 {
@@ -50,4 +54,74 @@ void add_outliers(const struct shape *sh, float factor, enum dtype dt, float *Q,
                 float *v = &x[t][r * d + outlier_channel(k, d) % d];
                 *v = round_to_dtype(round_to_dtype(*v * factor, DT_F16), dt);
             }
+}
+
+/* ---- the FP8 stage's arithmetic, emulated (fp8.h) ---- */
+
+void fp8_quantize(float *x, size_t rows, int d, size_t block, float *scales)
+{
+    for (size_t r0 = 0; r0 < rows; r0 += block) {
+        const size_t r1 = r0 + block < rows ? r0 + block : rows;
+        float amax = 0.0f;
+        for (size_t e = r0 * d; e < r1 * d; e++) amax = fmaxf(amax, fabsf(x[e]));
+        const float s = amax > 0.0f ? amax / E4M3_MAX : 1.0f; /* the block's max|x| becomes 448 */
+        for (size_t e = r0 * d; e < r1 * d; e++) x[e] = e4m3_to_f32(f32_to_e4m3(x[e] / s));
+        scales[r0 / block] = s;
+    }
+}
+
+void fp8_head_quantize(struct fp8_head *hd, const struct shape *sh, const float *Q, const float *K, const float *V,
+                       int b, int h, int block, const int8_t *signs)
+{
+    const int d = sh->d, N = sh->N, N_kv = shape_kv_len(sh), hk = kv_head_of(sh, h);
+    const size_t nq = (size_t)N * d, nkv = (size_t)N_kv * d;
+    hd->d = d, hd->block = block, hd->p_dtype = DT_FP8;
+    hd->q = malloc((nq + 2 * nkv) * sizeof(float)), hd->k = hd->q + nq, hd->v = hd->k + nkv;
+    hd->sq = malloc(((size_t)CEIL_DIV(N, block) + 2 * (size_t)CEIL_DIV(N_kv, block)) * sizeof(float));
+    hd->sk = hd->sq + CEIL_DIV(N, block), hd->sv = hd->sk + CEIL_DIV(N_kv, block);
+    if (!hd->q || !hd->sq) {
+        fprintf(stderr, "out of host memory (the FP8 emulation of one head)\n");
+        exit(EXIT_USAGE);
+    }
+    memcpy(hd->q, Q + idx4(sh, b, h, 0, 0), nq * sizeof(float));
+    memcpy(hd->k, K + idx4_kv(sh, b, hk, 0, 0), nkv * sizeof(float));
+    memcpy(hd->v, V + idx4_kv(sh, b, hk, 0, 0), nkv * sizeof(float));
+    if (signs) hadamard_rows(hd->q, N, d, signs), hadamard_rows(hd->k, N_kv, d, signs); /* V is not transformed */
+    fp8_quantize(hd->q, N, d, block, hd->sq);
+    fp8_quantize(hd->k, N_kv, d, block, hd->sk);
+    fp8_quantize(hd->v, N_kv, d, block, hd->sv);
+}
+
+void fp8_head_free(struct fp8_head *hd)
+{
+    free(hd->q), free(hd->sq);
+    hd->q = hd->k = hd->v = hd->sq = hd->sk = hd->sv = NULL;
+}
+
+void fp8_forward_row(const struct fp8_head *hd, int i, int keys, float scale, float *S, double *o, double *lse)
+{
+    const int d = hd->d, block = hd->block;
+    const float *q = hd->q + (size_t)i * d;
+    /* S_ij = sQ sK (Q8_i . K8_j), fp32 sums as the tensor cores'; m_i = max_j S_ij */
+    float m = -INFINITY;
+    for (int j = 0; j < keys; j++) {
+        const float *k = hd->k + (size_t)j * d;
+        float dot = 0.0f;
+        for (int c = 0; c < d; c++) dot += q[c] * k[c];
+        S[j] = dot * hd->sq[i / block] * hd->sk[j / block];
+        m = fmaxf(m, S[j]);
+    }
+    /* P_ij = exp(scale (S_ij - m_i)), l_i = sum_j P_ij in fp32; O_i = sum_j sV_j P8_ij V8_j / l_i */
+    float l = 0.0f;
+    for (int c = 0; c < d; c++) o[c] = 0.0;
+    for (int j = 0; j < keys; j++) {
+        const float P = expf(scale * (S[j] - m));
+        l += P;
+        const float Pq = hd->p_dtype == DT_FP8 ? e4m3_to_f32(f32_to_e4m3(256.0f * P)) / 256.0f : round_to_dtype(P, DT_F16);
+        const float w = Pq * hd->sv[j / block];
+        const float *v = hd->v + (size_t)j * d;
+        for (int c = 0; c < d; c++) o[c] += (double)(w * v[c]);
+    }
+    for (int c = 0; c < d; c++) o[c] /= l;
+    if (lse) *lse = (double)scale * m + log((double)l);
 }

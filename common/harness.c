@@ -1,4 +1,5 @@
 /* harness.c: runs any stage descriptor: inputs, the checked run, the timed runs, the report. */
+#include "fp8.h"
 #include "harness.h"
 #include <errno.h>
 #include <math.h>
@@ -32,7 +33,7 @@ static void poison(float *x, size_t n)
     for (size_t k = 0; k < n; k++) x[k] = NAN; /* an element the stage never writes fails the check */
 }
 
-int run_forward_host(const struct stage *st, const struct shape *sh, enum dtype dt, const float *Q,
+int run_forward_host(const struct stage *st, const struct shape *sh, enum dtype dt, int hadamard, const float *Q,
                      const float *K, const float *V, float *O, float *L, char *why, size_t n)
 {
     if (!stage_supports(st, sh, dt, why, n)) return EXIT_USAGE;
@@ -41,7 +42,7 @@ int run_forward_host(const struct stage *st, const struct shape *sh, enum dtype 
             snprintf(why, n, "%s: this program was built without CUDA", st->name);
             return EXIT_NO_DEVICE;
         }
-        return gpu_forward_host(st, sh, dt, Q, K, V, O, L, NULL, why, n);
+        return gpu_forward_host(st, sh, dt, hadamard, Q, K, V, O, L, NULL, why, n);
     }
     struct attn_args a = {.sh = *sh, .dtype = dt, .Q = Q, .K = K, .V = V, .O = O, .L = L};
     int rc = st->forward(&a, why, n);
@@ -61,17 +62,27 @@ static void compare_rows(const struct shape *sh, const float *O, const float *L,
     else { cmp_merge(cO, &o); cmp_merge(cL, &l); }
 }
 
-int check_forward(const struct stage *st, const struct shape *sh, enum dtype dt, const float *Q,
+int check_forward(const struct stage *st, const struct shape *sh, enum dtype dt, int hadamard, const float *Q,
                   const float *K, const float *V, const float *O, const float *L, double *max_err, FILE *log)
 {
     size_t n = shape_elems(sh), nkv = shape_kv_elems(sh);
     double qmax = max_abs(Q, n), kmax = max_abs(K, nkv), vmax = max_abs(V, nkv);
+    /* fp8: the fp16 stages' allowance is the floor under twice the emulation's error (check.c) */
     double tolO = tol_output(sh, dt, qmax, kmax, vmax), tolL = tol_lse(sh, dt, qmax, kmax);
     struct cmp cO, cL;
     int first = 1;
     const char *ref;
     double macs = (double)sh->B * sh->H * sh->N * shape_kv_len(sh) * sh->d;
-    if (macs <= (double)CHECK_WHOLE_MAX_MACS) {
+    if (macs <= (double)CHECK_WHOLE_MAX_MACS && dt == DT_FP8) {
+        /* every row against the fp64 oracle, each allowed twice the FP8 emulation's error */
+        ref = "fp64 oracle (fp8: twice the emulated FP8 stage's error)";
+        int *rows = xmalloc(sizeof(int) * (size_t)sh->N);
+        for (int i = 0; i < sh->N; i++) rows[i] = i;
+        for (int b = 0; b < sh->B; b++)
+            for (int h = 0; h < sh->H; h++)
+                compare_fp8_head(sh, hadamard, Q, K, V, O, L, b, h, rows, sh->N, tolO, tolL, &cO, &cL, b == 0 && h == 0);
+        free(rows);
+    } else if (macs <= (double)CHECK_WHOLE_MAX_MACS) {
         /* the whole output, against stage 1 (stage 1 itself against the fp64 oracle) */
         double *Oref = xmalloc(n * sizeof(double)), *Lref = xmalloc(shape_rows(sh) * sizeof(double));
         if (st == &stage1_desc) {
@@ -85,7 +96,7 @@ int check_forward(const struct stage *st, const struct shape *sh, enum dtype dt,
             tolL += tol_lse(sh, DT_F32, qmax, kmax);
             float *O1 = xmalloc(n * sizeof(float)), *L1 = xmalloc(shape_rows(sh) * sizeof(float));
             char why[256];
-            if (run_forward_host(&stage1_desc, sh, DT_F32, Q, K, V, O1, L1, why, sizeof why)) {
+            if (run_forward_host(&stage1_desc, sh, DT_F32, 0, Q, K, V, O1, L1, why, sizeof why)) {
                 fprintf(stderr, "reference failed: %s\n", why);
                 exit(EXIT_CHECK_FAILED);
             }
@@ -99,20 +110,29 @@ int check_forward(const struct stage *st, const struct shape *sh, enum dtype dt,
         free(Lref);
     } else {
         /* a sample: the first and last head plus two more, and in each the first, second, middle
-         * and last rows plus random ones, each against the fp64 oracle row by row */
-        ref = "fp64 oracle, sampled rows";
+         * and last rows plus random ones, each against the fp64 oracle row by row (fp8: the
+         * emulation of those rows beside it, its head quantized once) */
+        ref = dt == DT_FP8 ? "fp64 oracle, sampled rows (fp8: twice the emulated FP8 stage's error)" : "fp64 oracle, sampled rows";
         double *o = xmalloc(sh->d * sizeof(double)), lse;
+        int rows[SAMPLE_ROWS];
         uint64_t s = 0x243f6a8885a308d3ull;
         int nheads = sh->B * sh->H < SAMPLE_HEADS ? sh->B * sh->H : SAMPLE_HEADS;
         for (int t = 0; t < nheads; t++) {
             s = s * 6364136223846793005ull + 1442695040888963407ull;
             int bh = t == 0 ? 0 : t == 1 ? sh->B * sh->H - 1 : (int)((s >> 33) % (uint64_t)(sh->B * sh->H));
-            int b = bh / sh->H, h = bh % sh->H;
+            int b = bh / sh->H, h = bh % sh->H, nrows = 0;
             for (int r = 0; r < SAMPLE_ROWS && r < sh->N; r++) {
                 s = s * 6364136223846793005ull + 1442695040888963407ull;
-                int i = r == 0 ? 0 : r == 1 ? 1 : r == 2 ? sh->N / 2 : r == 3 ? sh->N - 1 : (int)((s >> 33) % (uint64_t)sh->N);
-                oracle_forward_row(sh, Q, K, V, b, h, i, o, &lse);
-                compare_rows(sh, O, L, idx3(sh, b, h, i), 1, o, &lse, tolO, tolL, &cO, &cL, &first);
+                rows[nrows++] = r == 0 ? 0 : r == 1 ? 1 : r == 2 ? sh->N / 2 : r == 3 ? sh->N - 1 : (int)((s >> 33) % (uint64_t)sh->N);
+            }
+            if (dt == DT_FP8) {
+                compare_fp8_head(sh, hadamard, Q, K, V, O, L, b, h, rows, nrows, tolO, tolL, &cO, &cL, first);
+                first = 0;
+                continue;
+            }
+            for (int r = 0; r < nrows; r++) {
+                oracle_forward_row(sh, Q, K, V, b, h, rows[r], o, &lse);
+                compare_rows(sh, O, L, idx3(sh, b, h, rows[r]), 1, o, &lse, tolO, tolL, &cO, &cL, &first);
             }
         }
         free(o);
@@ -224,7 +244,8 @@ static int backward_main(const struct stage *st, const struct opts *o, const flo
         fill_uniform(dO, n, o->seed * 3 + 3, 1.0f, o->dtype); /* a fourth seeded stream beside Q, K, V */
     }
     float *O = o->save_dir ? xmalloc(n * sizeof(float)) : NULL, *L = o->save_dir ? xmalloc(rows * sizeof(float)) : NULL;
-    struct result r = {.st = st, .sh = o->sh, .dtype = o->dtype, .direction = "bwd", .max_err = -1, .check = "skip"};
+    struct result r = {.st = st, .sh = o->sh, .dtype = o->dtype, .outliers = o->outliers, .direction = "bwd",
+                       .max_err = -1, .check = "skip"};
     int rc = gpu_run_backward(st, o, Q, K, V, dO, g[0], g[1], g[2], O, L, &r);
     int pass = 1;
     if (!rc && o->check) {
@@ -459,7 +480,8 @@ int harness_main(const struct stage *st, int argc, char **argv)
     if (!stage_supports(st, &o.sh, o.dtype, why, sizeof why)) {
         fprintf(stderr, "%s\n", why);
         rc = EXIT_USAGE;
-    } else if ((rc = check_limits(st, &o.sh, o.dtype, o.load_dir ? loaded_amplitude(&o.sh, Q, K) : o.input_scale))) {
+    } else if ((rc = check_limits(st, &o.sh, o.dtype, o.load_dir ? loaded_amplitude(&o.sh, Q, K) : o.input_scale,
+                                  o.outliers))) {
     } else if (o.save_dir && (rc = save_dir_ready(st, o.save_dir))) {
     } else if (st->device == ON_GPU && !gpu_run_stage) {
         fprintf(stderr, "%s: this program was built without CUDA\n", st->name);
@@ -479,14 +501,17 @@ int harness_main(const struct stage *st, int argc, char **argv)
         return rc;
     }
     size_t n = shape_elems(&o.sh), rows = shape_rows(&o.sh);
+    /* the dtype the stage is handed its inputs in (fp8: fp16, which it quantizes itself) */
+    const enum dtype io = dtype_io(o.dtype);
     if (o.load_dir) { /* the stage computes in its dtype: round what was loaded to it */
         float *t[4] = {Q, K, V, dO};
         for (int j = 0; j < 4; j++)
-            if (t[j]) fill_rounded(t[j], j == 1 || j == 2 ? shape_kv_elems(&o.sh) : n, o.dtype);
+            if (t[j]) fill_rounded(t[j], j == 1 || j == 2 ? shape_kv_elems(&o.sh) : n, io);
     } else {
         const size_t nkv = shape_kv_elems(&o.sh);
         Q = xmalloc(n * sizeof(float)), K = xmalloc(nkv * sizeof(float)), V = xmalloc(nkv * sizeof(float));
-        make_inputs(&o.sh, o.seed, o.input_scale, o.dtype, Q, K, V);
+        make_inputs(&o.sh, o.seed, o.input_scale, io, Q, K, V);
+        if (o.outliers > 1.0f) add_outliers(&o.sh, o.outliers, io, Q, K); /* --outliers F */
     }
     if (st->measures_backward) {
         if (!gpu_run_backward) {
@@ -501,7 +526,8 @@ int harness_main(const struct stage *st, int argc, char **argv)
     }
     warn_if_long(st, &o);
     float *O = xmalloc(n * sizeof(float)), *L = xmalloc(rows * sizeof(float));
-    struct result r = {.st = st, .sh = o.sh, .dtype = o.dtype, .direction = "fwd", .max_err = -1, .check = "skip"};
+    struct result r = {.st = st, .sh = o.sh, .dtype = o.dtype, .hadamard = o.hadamard, .outliers = o.outliers,
+                       .direction = "fwd", .max_err = -1, .check = "skip"};
     rc = st->device == ON_GPU ? gpu_run_stage(st, &o, Q, K, V, O, L, &r) : cpu_run_stage(st, &o, Q, K, V, O, L, &r);
     if (rc) {
         free(Q), free(K), free(V), free(O), free(L);
@@ -510,7 +536,7 @@ int harness_main(const struct stage *st, int argc, char **argv)
     if (st->kv_splits) r.splits = st->kv_splits(&o.sh); /* the slices it cut the keys into, for the report */
     int pass = 1;
     if (o.check) {
-        pass = check_forward(st, &o.sh, o.dtype, Q, K, V, O, L, &r.max_err, stderr);
+        pass = check_forward(st, &o.sh, o.dtype, o.hadamard, Q, K, V, O, L, &r.max_err, stderr);
         r.check = pass ? "pass" : "fail";
     }
     if (o.csv) {

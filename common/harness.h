@@ -28,6 +28,8 @@ struct opts {
     int flush_l2;         /* GPU: overwrite L2 before each timed run */
     int counters;         /* GPU: one more run with the kernel's counting build, counts printed */
     int deterministic;    /* backward: --deterministic */
+    int hadamard;         /* fp8: --hadamard (default 1); 0 in any other dtype */
+    float outliers;       /* --outliers F: OUTLIER_CHANNELS channels of Q and K times F (1: none) */
     int softmax_scale_set;/* --softmax-scale given (else 1/sqrt(d), recomputed when --load sets d) */
     unsigned shape_given; /* SHAPE_GIVEN_* bits: the shape flags on the command line (--load checks them) */
     const char *load_dir, *save_dir;
@@ -44,10 +46,11 @@ int parse_opts(const struct stage *st, int argc, char **argv, struct opts *o, in
  * parse_opts checks it for every GPU stage, so a bad value exits 2 before any device is sought. */
 int smem_cap_bytes(size_t *cap, char *why, size_t n);
 /* The limits a problem must keep, checked after parsing (and again on loaded inputs): its bytes
- * fit this machine's memory; the inputs' magnitude `amplitude` fits the dtype; the scores
- * scale * d * amplitude^2 stay where fp32 resolves a softmax. Returns 0, or EXIT_USAGE after
+ * fit this machine's memory; the inputs' magnitude `amplitude`, times `outliers` on the outlier
+ * channels of Q and K (--outliers; 1: none), fits the dtype; the scores that allows (scale * d *
+ * amplitude^2 without outliers) stay where fp32 resolves a softmax. Returns 0, or EXIT_USAGE after
  * printing one line that names the limit. */
-int check_limits(const struct stage *st, const struct shape *sh, enum dtype dt, double amplitude);
+int check_limits(const struct stage *st, const struct shape *sh, enum dtype dt, double amplitude, double outliers);
 
 /* ---- inputs (inputs.c) ---- */
 /* Q, K, V as fp32, each value exactly representable in `dt` (and in fp16), drawn from a seeded
@@ -118,6 +121,15 @@ void grad_terms_head(const struct shape *sh, enum dtype dt, const float *Q, cons
 void compare_grad_head(const struct shape *sh, enum dtype dt, const float *Q, const float *K, const float *V,
                        const float *dO, int b, int h, const float *const got[3], const double *const want[3],
                        int ref_fp32, struct cmp c[3], int first);
+/* FP8 (DT_FP8): rows rows[0 .. nrows) of head (b, h) of O and L, against the fp64 oracle, each
+ * allowed twice the error of the FP8 stage's arithmetic emulated on the host (fp8_forward_row,
+ * blocks of FP8_BLOCK_ROWS, Q and K through the Hadamard transform where `hadamard`) plus floor_O
+ * (the row's largest error of O) or floor_L; the rule and why beside it in check.c. Folds the
+ * rows into cO and cL (first: starts them): the worst element is the one furthest past its row's
+ * allowance, tol that allowance. */
+void compare_fp8_head(const struct shape *sh, int hadamard, const float *Q, const float *K, const float *V,
+                      const float *O, const float *L, int b, int h, const int *rows, int nrows, double floor_O,
+                      double floor_L, struct cmp *cO, struct cmp *cL, int first);
 double max_abs(const float *x, size_t n);
 
 /* ---- timing (timing.c) ---- */
@@ -140,6 +152,8 @@ struct result {
     const struct stage *st;
     struct shape sh;
     enum dtype dtype;
+    int hadamard;             /* fp8: --hadamard (the summary says so) */
+    float outliers;           /* --outliers F (1: none; the summary shows a larger F) */
     const char *direction;    /* "fwd" or "bwd" */
     char gpu[64];             /* "h200"; "cpu" for a CPU stage */
     char device_name[256];    /* the device's name, shown in the summary */
@@ -172,15 +186,18 @@ const char *build_commit(void);
 
 /* ---- running a stage (harness.c) ---- */
 /* Run `st`'s forward on host fp32 inputs, whatever device it runs on: GPU stages get their
- * inputs converted to the stage's dtype and copied over, and O back as fp32. Returns 0, or
+ * inputs converted to the stage's dtype (fp8: fp16, dtype_io) and copied over, and O back as fp32.
+ * hadamard: attn_args.hadamard (fp8's --hadamard; 0 in any other dtype). Returns 0, or
  * EXIT_USAGE (unsupported shape) / EXIT_NO_DEVICE with a reason in `why`. */
-int run_forward_host(const struct stage *st, const struct shape *sh, enum dtype dt,
+int run_forward_host(const struct stage *st, const struct shape *sh, enum dtype dt, int hadamard,
                      const float *Q, const float *K, const float *V, float *O, float *L,
                      char *why, size_t n);
 /* Check O and L of a run against the reference: stage 1 on the whole output when the problem is
- * small, the fp64 oracle on a sample of heads and rows otherwise. Prints a FAIL line with the
+ * small, the fp64 oracle on a sample of heads and rows otherwise. fp8 (dt DT_FP8, run with
+ * `hadamard`; 0 in any other dtype): the fp64 oracle on every row or on the sample, each row
+ * allowed twice the error of the FP8 stage emulated on the host (compare_fp8_head). Prints a FAIL line with the
  * worst element when it fails. Returns 1 when it passes; *max_err gets O's largest error. */
-int check_forward(const struct stage *st, const struct shape *sh, enum dtype dt, const float *Q,
+int check_forward(const struct stage *st, const struct shape *sh, enum dtype dt, int hadamard, const float *Q,
                   const float *K, const float *V, const float *O, const float *L, double *max_err,
                   FILE *log);
 /* Check dQ, dK, dV of a backward: against stage 1's backward (on stage 1's own forward) on the
@@ -196,8 +213,9 @@ int harness_main(const struct stage *st, int argc, char **argv);
 /* The GPU half, in common/cuda/runner.cu. Weak here so that CPU-only binaries link without it. */
 int gpu_run_stage(const struct stage *st, const struct opts *o, const float *Q, const float *K,
                   const float *V, float *O, float *L, struct result *r) __attribute__((weak));
-/* `counts` NULL: the stage's own kernel; else its counting build, with N_COUNTERS tallies back. */
-int gpu_forward_host(const struct stage *st, const struct shape *sh, enum dtype dt,
+/* `counts` NULL: the stage's own kernel; else its counting build, with N_COUNTERS tallies back.
+ * hadamard: attn_args.hadamard (fp8's --hadamard; 0 in any other dtype). */
+int gpu_forward_host(const struct stage *st, const struct shape *sh, enum dtype dt, int hadamard,
                      const float *Q, const float *K, const float *V, float *O, float *L,
                      unsigned long long *counts, char *why, size_t n) __attribute__((weak));
 /* A backward stage on the device: its forward once (O, L), then its backward; `deterministic` as

@@ -49,14 +49,18 @@ static void shape_words(char *buf, size_t n, const struct shape *sh)
 
 void print_summary(FILE *f, const struct result *r)
 {
-    char extra[32], err[32], shape[128];
+    char extra[32], err[32], shape[128], dtype[48];
     human_bytes(extra, sizeof extra, r->extra_bytes);
     shape_words(shape, sizeof shape, &r->sh);
+    /* "fp8 Hadamard" or "fp8 no-Hadamard": how it quantized; " outliers x50": what it was given */
+    int k = snprintf(dtype, sizeof dtype, "%s", dtype_name(r->dtype));
+    if (r->dtype == DT_FP8) k += snprintf(dtype + k, sizeof dtype - k, r->hadamard ? " Hadamard" : " no-Hadamard");
+    if (r->outliers > 1) snprintf(dtype + k, sizeof dtype - k, " outliers x%g", r->outliers);
     if (r->max_err >= 0) snprintf(err, sizeof err, " max_err %.2e", r->max_err);
     else err[0] = 0;
     fprintf(f, "%-7s %s %s  %s %s | check %s%s%s%s%s | %.3f ms (min %.3f) | ",
             r->st->name, shape, r->sh.causal ? "causal" : "full",
-            dtype_name(r->dtype), r->direction, r->check[0] == 'p' ? "PASS" : r->check[0] == 'f' ? "FAIL" : "skipped",
+            dtype, r->direction, r->check[0] == 'p' ? "PASS" : r->check[0] == 'f' ? "FAIL" : "skipped",
             err, r->checked[0] ? " (" : "", r->checked, r->checked[0] ? ")" : "", r->ms_median, r->ms_min);
     if (r->st->device == ON_GPU && r->splits > 0) /* split-KV: memory-bound, its bandwidth first */
         fprintf(f, "%.0f GB/s of K, V | %.2f TFLOP/s | %d split%s | extra %s | %s (%s)%s%s\n",

@@ -372,12 +372,12 @@ ParameterizedTest(struct test_case *tc, adversarial, x100_forward)
     make_inputs(sh, test_seed(sh), tc->amplitude, tc->dtype, Q, K, V);
     test_poison(O, n);
     test_poison(L, rows);
-    int rc = run_forward_host(st, sh, tc->dtype, Q, K, V, O, L, why, sizeof why);
+    int rc = run_forward_host(st, sh, tc->dtype, 0, Q, K, V, O, L, why, sizeof why);
     cr_assert(rc == 0, "%s: the stage failed on a shape it says it supports (code %d): %s", label, rc, why);
     FILE *f = open_memstream(&log, &log_len);
     cr_assert(f != NULL, "open_memstream failed");
     double max_err;
-    int pass = check_forward(st, sh, tc->dtype, Q, K, V, O, L, &max_err, f);
+    int pass = check_forward(st, sh, tc->dtype, 0, Q, K, V, O, L, &max_err, f);
     fclose(f);
     cr_assert(pass, "%s: %s", label, log);
     free(log), free(Q), free(K), free(V), free(O), free(L);

@@ -46,11 +46,11 @@ static int test_run_check(const struct stage *st, const struct shape *sh, char *
     float *Q = test_floats(n), *K = test_floats(n), *V = test_floats(n), *O = test_floats(n), *L = test_floats(rows);
     make_inputs(sh, test_seed(sh), 1, DT_F32, Q, K, V);
     char why[256];
-    cr_assert(run_forward_host(st, sh, DT_F32, Q, K, V, O, L, why, sizeof why) == 0, "%s: %s", st->name, why);
+    cr_assert(run_forward_host(st, sh, DT_F32, 0, Q, K, V, O, L, why, sizeof why) == 0, "%s: %s", st->name, why);
     FILE *log = open_memstream(log_text, &log_len);
     cr_assert(log != NULL, "open_memstream failed");
     double max_err;
-    int pass = check_forward(st, sh, DT_F32, Q, K, V, O, L, &max_err, log);
+    int pass = check_forward(st, sh, DT_F32, 0, Q, K, V, O, L, &max_err, log);
     fclose(log);
     free(Q), free(K), free(V), free(O), free(L);
     return pass;

@@ -194,6 +194,18 @@ static const struct test_bad_cli test_bad_cases[] = {
     {"./stage1", {"--dtype", "fp8"}, TEST_NO_LOAD, "fp8", 0},
     {"./stage1", {"--dtype", "fp16"}, TEST_NO_LOAD, "fp16", 0},       /* a CPU stage runs fp32 only */
     {"./stage3", {"--dtype", "bf16"}, TEST_NO_LOAD, "bf16", 0},
+    /* fp8: a forward of stage 19 only; --hadamard only where a stage has fp8; --outliers F >= 1 */
+    {"./stage9", {"--dtype", "fp8"}, TEST_NO_LOAD, "does not support dtype fp8", 0},
+    {"./stage10", {"--dtype", "fp8"}, TEST_NO_LOAD, "fp8 is a forward only", 0},
+    {"./stage3", {"--dtype", "fp4"}, TEST_NO_LOAD, "fp32, fp16, bf16 or fp8", 0},
+    {"./stage3", {"--hadamard", "1"}, TEST_NO_LOAD, "unknown option --hadamard", 0},
+    {"./stage3", {"--outliers", "0.5"}, TEST_NO_LOAD, "--outliers 0.5", 0},
+    {"./stage3", {"--outliers", "inf"}, TEST_NO_LOAD, "--outliers inf", 0},
+    {"./stage3", {"--outliers", "x"}, TEST_NO_LOAD, "--outliers x", 0},
+    {"./stage3", {"--outliers", "70000"}, TEST_NO_LOAD, "65504", 0},
+    {"./stage3", {"--input-scale", "2000", "--outliers", "40"}, TEST_NO_LOAD, "--input-scale times --outliers", 0},
+    {"./stage3", {"--dim", "64", "--outliers", "5000"}, TEST_NO_LOAD, "2^22", 0},
+    {"./stage3", {"--outliers", "50"}, TEST_LOAD_GOOD, "--load", 0},
     {"./stage1", {"--frobnicate"}, TEST_NO_LOAD, "--frobnicate", 0},
     {"./stage1", {"--seqlen"}, TEST_NO_LOAD, "--seqlen", 0},          /* its value missing at the end */
     {"./stage3", {""}, TEST_LOAD_NO_K, "k.npy", 0},
@@ -339,6 +351,16 @@ static void test_csv_field(const char *line, int k, char *buf, size_t n)
     for (; k > 0 && line; k--) line = strchr(line, ','), line = line ? line + 1 : NULL;
     size_t len = line ? strcspn(line, ",\n") : 0;
     snprintf(buf, n, "%.*s", (int)len, line ? line : "");
+}
+
+/* --outliers on a CPU stage: the inputs made, 4 channels of Q and K x50, checked as ever (the fp32
+ * rule's score term grows with max|Q| max|K|), and the summary says so. */
+Test(cli, outliers_run_and_pass)
+{
+    struct test_proc p;
+    test_spawn((char *[]){"./stage3", "--seqlen", "64", "--heads", "2", "--outliers", "50", NULL}, &p);
+    cr_assert(p.code == EXIT_PASS, "./stage3 --outliers 50: exit %d; stderr:\n%s", p.code, p.err);
+    cr_assert(strstr(p.out, "outliers x50") && strstr(p.out, "check PASS"), "./stage3 --outliers 50: summary\n%s", p.out);
 }
 
 Test(cli, csv_is_a_header_and_one_row)

@@ -60,10 +60,10 @@ static void test_counted_run(const struct stage *st, const struct shape *sh, uns
     make_inputs(sh, test_seed(sh), 1.0f, DT_F16, Q, K, V);
     test_poison(O, n);
     test_poison(L, rows);
-    int rc = gpu_forward_host(st, sh, DT_F16, Q, K, V, O, L, counts, why, sizeof why);
+    int rc = gpu_forward_host(st, sh, DT_F16, 0, Q, K, V, O, L, counts, why, sizeof why);
     cr_assert(rc == 0, "%s N=%d d=%d: the counting build failed (code %d): %s", st->name, sh->N, sh->d, rc, why);
     double err;
-    cr_assert(check_forward(st, sh, DT_F16, Q, K, V, O, L, &err, stderr),
+    cr_assert(check_forward(st, sh, DT_F16, 0, Q, K, V, O, L, &err, stderr),
               "%s N=%d d=%d causal=%d: the counting build's output fails the check (details above)", st->name,
               sh->N, sh->d, sh->causal);
     free(Q), free(K), free(V), free(O), free(L);

@@ -66,7 +66,7 @@ static void test_kv_vs_reference(const struct test_case *tc)
 
     test_poison(O, n);
     test_poison(L, rows);
-    int rc = run_forward_host(st, sh, tc->dtype, Q, K, V, O, L, why, sizeof why);
+    int rc = run_forward_host(st, sh, tc->dtype, 0, Q, K, V, O, L, why, sizeof why);
     cr_assert(rc == 0, "%s: the stage failed on a shape it says it supports (code %d): %s", label, rc, why);
 
     struct cmp cO, cL;
@@ -74,7 +74,7 @@ static void test_kv_vs_reference(const struct test_case *tc)
     if (macs <= (double)TEST_WHOLE_MACS) {
         /* the whole output against stage 1, both sides' rounding allowed (as test_stages.c) */
         float *O1 = test_floats(n), *L1 = test_floats(rows);
-        rc = run_forward_host(&stage1_desc, sh, DT_F32, Q, K, V, O1, L1, why, sizeof why);
+        rc = run_forward_host(&stage1_desc, sh, DT_F32, 0, Q, K, V, O1, L1, why, sizeof why);
         cr_assert(rc == 0, "%s: the reference stage 1 failed: %s", label, why);
         double *Oref = test_widen(O1, n), *Lref = test_widen(L1, rows);
         tolO += tol_output(sh, DT_F32, qmax, kmax, vmax);
@@ -258,7 +258,7 @@ ParameterizedTest(struct test_case *tc, decode, stage1_vs_oracle)
     make_inputs(sh, test_seed(sh), 1, DT_F32, Q, K, V);
     test_poison(O, n);
     test_poison(L, rows);
-    cr_assert(run_forward_host(&stage1_desc, sh, DT_F32, Q, K, V, O, L, why, sizeof why) == 0, "%s: %s", label, why);
+    cr_assert(run_forward_host(&stage1_desc, sh, DT_F32, 0, Q, K, V, O, L, why, sizeof why) == 0, "%s: %s", label, why);
     double *Oref = test_doubles(n), *Lref = test_doubles(rows);
     oracle_forward(sh, Q, K, V, Oref, Lref);
     const double qmax = max_abs(Q, n), kmax = max_abs(K, nkv), vmax = max_abs(V, nkv);

@@ -63,7 +63,7 @@ ParameterizedTest(struct test_case *tc, oracle, stage1_backward)
     make_inputs(sh, test_seed(sh), tc->amplitude, DT_F32, Q, K, V);
     fill_uniform(dO, n, test_seed(sh) + 99, 1, DT_F32);
 
-    int rc = run_forward_host(&stage1_desc, sh, DT_F32, Q, K, V, O, L, why, sizeof why);
+    int rc = run_forward_host(&stage1_desc, sh, DT_F32, 0, Q, K, V, O, L, why, sizeof why);
     cr_assert(rc == 0, "%s: stage 1's forward failed: %s", label, why);
     float *got[3] = {test_floats(n), test_floats(n), test_floats(n)};
     for (int t = 0; t < 3; t++) test_poison(got[t], n);

@@ -54,7 +54,7 @@ static void test_stage_vs_reference(const struct test_case *tc)
          * is the stage's (check.c's rule for its dtype) plus stage 1's (the rule for fp32). For an
          * fp32 stage that is twice the fp32 tolerance. */
         float *O1 = test_floats(n), *L1 = test_floats(rows);
-        int rc = run_forward_host(&stage1_desc, sh, DT_F32, Q, K, V, O1, L1, why, sizeof why);
+        int rc = run_forward_host(&stage1_desc, sh, DT_F32, 0, Q, K, V, O1, L1, why, sizeof why);
         cr_assert(rc == 0, "%s: the reference stage 1 failed: %s", label, why);
         Oref = test_widen(O1, n), Lref = test_widen(L1, rows);
         free(O1), free(L1);
@@ -64,7 +64,7 @@ static void test_stage_vs_reference(const struct test_case *tc)
 
     test_poison(O, n);
     test_poison(L, rows);
-    int rc = run_forward_host(st, sh, tc->dtype, Q, K, V, O, L, why, sizeof why);
+    int rc = run_forward_host(st, sh, tc->dtype, 0, Q, K, V, O, L, why, sizeof why);
     cr_assert(rc == 0, "%s: the stage failed on a shape it says it supports (code %d): %s", label, rc, why);
     struct cmp cO = compare(O, Oref, n, tolO), cL = compare(L, Lref, rows, tolL);
     TEST_ASSERT_CMP(label, "O", cO, sh, 0);
@@ -211,11 +211,11 @@ ParameterizedTest(struct test_case *tc, stages, many_items)
     make_inputs(sh, test_seed(sh), tc->amplitude, tc->dtype, Q, K, V);
     double qmax = max_abs(Q, n), kmax = max_abs(K, n), vmax = max_abs(V, n);
     double tolO = 2 * tol_output(sh, tc->dtype, qmax, kmax, vmax), tolL = 2 * tol_lse(sh, tc->dtype, qmax, kmax);
-    int rc = run_forward_host(ref, sh, tc->dtype, Q, K, V, O13, L13, why, sizeof why);
+    int rc = run_forward_host(ref, sh, tc->dtype, 0, Q, K, V, O13, L13, why, sizeof why);
     cr_assert(rc == 0, "%s: the reference stage 13 failed (code %d): %s", label, rc, why);
     test_poison(O, n);
     test_poison(L, rows);
-    rc = run_forward_host(st, sh, tc->dtype, Q, K, V, O, L, why, sizeof why);
+    rc = run_forward_host(st, sh, tc->dtype, 0, Q, K, V, O, L, why, sizeof why);
     cr_assert(rc == 0, "%s: the stage failed on a shape it says it supports (code %d): %s", label, rc, why);
     double *Oref = test_widen(O13, n), *Lref = test_widen(L13, rows);
     struct cmp cO = compare(O, Oref, n, tolO), cL = compare(L, Lref, rows, tolL);

@@ -223,6 +223,7 @@ struct gpu_problem {
 
 static struct dbuf upload(const float *x, size_t n, enum dtype dt)
 {
+    dt = dtype_io(dt); /* an fp8 stage is handed fp16 */
     struct dbuf b = dbuf_alloc(n * dtype_size(dt));
     if (dt == DT_F32) {
         CUDA_CHECK(cudaMemcpy(b.p, x, n * sizeof(float), cudaMemcpyHostToDevice));
@@ -236,6 +237,7 @@ static struct dbuf upload(const float *x, size_t n, enum dtype dt)
 
 static void download(float *x, const struct dbuf *b, size_t n, enum dtype dt)
 {
+    dt = dtype_io(dt); /* an fp8 stage returns fp16 */
     if (dt == DT_F32) {
         CUDA_CHECK(cudaMemcpy(x, b->p, n * sizeof(float), cudaMemcpyDeviceToHost));
         return;
@@ -246,7 +248,7 @@ static void download(float *x, const struct dbuf *b, size_t n, enum dtype dt)
 }
 
 static void problem_init(struct gpu_problem *g, const struct stage *st, const struct shape *sh, enum dtype dt,
-                         int deterministic, const float *Q, const float *K, const float *V)
+                         int deterministic, int hadamard, const float *Q, const float *K, const float *V)
 {
     size_t n = shape_elems(sh), rows = shape_rows(sh), nkv = shape_kv_elems(sh); /* K, V: [B, H_kv, N_kv, d] */
     g->Q = upload(Q, n, dt), g->K = upload(K, nkv, dt), g->V = upload(V, nkv, dt);
@@ -256,6 +258,7 @@ static void problem_init(struct gpu_problem *g, const struct stage *st, const st
     g->args.sh = *sh;
     g->args.dtype = dt;
     g->args.deterministic = deterministic;
+    g->args.hadamard = hadamard;
     g->work = dbuf_alloc(st->workspace_bytes ? st->workspace_bytes(&g->args) : 0);
     if (g->work.p) CUDA_CHECK(cudaMemset(g->work.p, 0, g->work.bytes));
     g->args.Q = g->Q.p, g->args.K = g->K.p, g->args.V = g->V.p;
@@ -313,14 +316,14 @@ static int counted_run(const struct stage *st, struct gpu_problem *g, float *O, 
     return rc;
 }
 
-extern "C" int gpu_forward_host(const struct stage *st, const struct shape *sh, enum dtype dt, const float *Q,
-                                const float *K, const float *V, float *O, float *L, unsigned long long *counts,
-                                char *why, size_t n)
+extern "C" int gpu_forward_host(const struct stage *st, const struct shape *sh, enum dtype dt, int hadamard,
+                                const float *Q, const float *K, const float *V, float *O, float *L,
+                                unsigned long long *counts, char *why, size_t n)
 {
     if (gpu_available(why, n) || gpu_arch_check(st->arch_sm, st->name, why, n)) return EXIT_NO_DEVICE;
     if (gpu_dtype_check(dt, st->name, why, n)) return EXIT_USAGE;
     struct gpu_problem g;
-    problem_init(&g, st, sh, dt, 0, Q, K, V);
+    problem_init(&g, st, sh, dt, 0, hadamard, Q, K, V);
     int rc = first_call(st, &g, why, n);
     if (!rc) rc = counts ? counted_run(st, &g, O, L, counts, why, n) : checked_run(st, &g, O, L, why, n);
     problem_free(&g);
@@ -379,7 +382,7 @@ extern "C" int gpu_run_stage(const struct stage *st, const struct opts *o, const
         return rc;
     }
     struct gpu_problem g;
-    problem_init(&g, st, &o->sh, o->dtype, 0, Q, K, V);
+    problem_init(&g, st, &o->sh, o->dtype, 0, o->hadamard, Q, K, V);
     r->extra_bytes = g.work.bytes;
     int rc = first_call(st, &g, why, sizeof why);
     if (!rc) rc = checked_run(st, &g, O, L, why, sizeof why); /* the checked run is the first warm-up */
@@ -417,7 +420,7 @@ static void bwd_init(struct gpu_bwd_problem *g, const struct stage *st, const st
                      int deterministic, const float *Q, const float *K, const float *V, const float *dO)
 {
     size_t n = shape_elems(sh);
-    problem_init(&g->f, st, sh, dt, deterministic, Q, K, V);
+    problem_init(&g->f, st, sh, dt, deterministic, 0, Q, K, V);
     g->dO = upload(dO, n, dt);
     g->dQ = dbuf_alloc(n * dtype_size(dt));
     g->dK = dbuf_alloc(n * dtype_size(dt));
