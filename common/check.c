@@ -297,7 +297,12 @@ void compare_grad_head(const struct shape *sh, enum dtype dt, const float *Q, co
  * element gone wrong by more than twice what FP8 itself costs the row. The floor is the fp16
  * stages' own allowance: the stage returns O rounded to fp16 (the emulation keeps fp64), and sums
  * in fp32 in its own order. L is one value a row, its error that of the row's scores (the same
- * quantized values on both sides), so it is judged alone. NaN or Inf fails, always. */
+ * quantized values on both sides), so it is judged alone. With a kernel's way simulated on the host
+ * (the running max over tiles of 128 keys, P rounded as e4m3(256 P sv / max sv) as stage 19 folds
+ * V's scale into P, fp32 accumulators, every transformed value of Q and K nudged by an fp32 ulp
+ * before quantizing; d 64 and 128, N 1000 and 2048, causal or not, outliers x1 and x50, the
+ * transform on and off, two seeds, every row of two heads) the worst row of O came to 0.87 of its
+ * allowance and the worst L to 0.75. NaN or Inf fails, always. */
 void compare_fp8_head(const struct shape *sh, int hadamard, const float *Q, const float *K, const float *V,
                       const float *O, const float *L, int b, int h, const int *rows, int nrows, double floor_O,
                       double floor_L, struct cmp *cO, struct cmp *cL, int first)
