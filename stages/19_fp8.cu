@@ -467,11 +467,12 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
 
         /* The scales (fp8_quantize_kernel's, one per 64 rows of a head): sq, this warpgroup's 64
          * rows of Q_i; SV, the largest V scale of the head, which P carries (below): each warp
-         * reads the head's NB, a lane every 32nd, and takes their max. */
+         * reads the head's blocks that hold keys (a block wholly past N, padding, has scale 1,
+         * which would shrink every P it does not touch), a lane every 32nd, and takes their max. */
         const float *qs = q_scales + (size_t)W.bh * NB, *ks = k_scales + (size_t)W.bh * NB, *vs = v_scales + (size_t)W.bh * NB;
         const float sq = __ldg(qs + q0 / FP8_BLOCK_ROWS + wg);
         float SV = 0.f;
-        for (int b = lane; b < NB; b += WARP_SIZE) SV = fmaxf(SV, __ldg(vs + b));
+        for (int b = lane; b < CEIL_DIV(N, FP8_BLOCK_ROWS); b += WARP_SIZE) SV = fmaxf(SV, __ldg(vs + b));
 #pragma unroll
         for (int m = 16; m > 0; m /= 2) SV = fmaxf(SV, __shfl_xor_sync(FULL_MASK, SV, m));
         /* Tile j's factors, for its two halves of 64 keys: the exponent's c_h = scale log2(e) sq
