@@ -79,7 +79,10 @@ static __device__ __forceinline__ void hadamard_lane(float (&v)[HeadDim / 32], c
  * row at a time: Q or K (TRANSPOSE = false) into X8 [heads][Npad][HeadDim], V (TRANSPOSE = true)
  * into X8 [heads][HeadDim][Npad] permuted by key_of_position; the block's scale into
  * scales[head][block]. Two passes over the rows: the first finds max|x| (after the transform),
- * the second quantizes; the transform is recomputed rather than kept (a few adds per element). */
+ * the second quantizes; the transform is recomputed rather than kept (a few adds per element).
+ * V's bytes go through shared memory, [HeadDim][ROWS] in V^T's order, and leave 16 bytes at a time
+ * along each row of V^T: written straight from the warps, a lane's bytes would land in HeadDim / 32
+ * rows Npad bytes apart, one byte per row and store. */
 template <int HeadDim, int ROWS, bool HADAMARD, bool TRANSPOSE, int THREADS>
 __global__ void __launch_bounds__(THREADS)
 fp8_quantize_kernel(const __half *__restrict__ X, uint8_t *__restrict__ X8, float *__restrict__ scales, int N, int Npad,
@@ -89,6 +92,11 @@ fp8_quantize_kernel(const __half *__restrict__ X, uint8_t *__restrict__ X8, floa
     static_assert(HeadDim % 32 == 0 && E <= 8 && (E & (E - 1)) == 0, "d = 32 .. 256, a power of 2");
     static_assert(ROWS % 32 == 0, "whole 32-key groups of V^T");
     __shared__ float warp_max[WARPS];
+    /* (TRANSPOSE) the block's V^T: row c holds channel c of the ROWS keys, in V^T's order; rows
+     * 4 bytes longer than ROWS, so that the 32 lanes' stores of one step (rows E apart) spread
+     * over 8 banks instead of 1 */
+    constexpr int T_ROW = ROWS + 4;
+    __shared__ __align__(16) uint8_t vt[TRANSPOSE ? HeadDim : 1][TRANSPOSE ? T_ROW : 1];
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const size_t head = blockIdx.y;
     const int r0 = blockIdx.x * ROWS;
@@ -133,12 +141,19 @@ fp8_quantize_kernel(const __half *__restrict__ X, uint8_t *__restrict__ X8, floa
             /* key r goes to the position p of its 32-key group with key_of_position(p) = r mod 32 */
             const int k = r & 31;
             const int t = (k & 7) >> 1, u = (k & 1) + 2 * ((k >> 3) & 1), hi = k >> 4;
-            const int col = (r & ~31) + 16 * hi + 4 * t + u;
+            const int col = (r & ~31) - r0 + 16 * hi + 4 * t + u; /* within the block */
 #pragma unroll
-            for (int j = 0; j < E; j++) {
-                const uint32_t b = pack_e4m3x4(v[j] * inv, 0.f, 0.f, 0.f) & 0xff;
-                X8[(head * HeadDim + lane * E + j) * Npad + col] = (uint8_t)b;
-            }
+            for (int j = 0; j < E; j++) vt[lane * E + j][col] = (uint8_t)(pack_e4m3x4(v[j] * inv, 0.f, 0.f, 0.f) & 0xff);
+        }
+    }
+    if constexpr (TRANSPOSE) {
+        __syncthreads(); /* the block's V^T in shared memory */
+        static_assert(ROWS % 16 == 0, "16-byte pieces of a row of V^T");
+        constexpr int PIECES = ROWS / 16; /* per row of V^T */
+        for (int c = threadIdx.x; c < HeadDim * PIECES; c += THREADS) {
+            const int row = c / PIECES, piece = c % PIECES;
+            const uint32_t *src = (const uint32_t *)&vt[row][piece * 16];
+            *(uint4 *)(X8 + (head * HeadDim + row) * Npad + r0 + piece * 16) = make_uint4(src[0], src[1], src[2], src[3]);
         }
     }
 }
