@@ -290,6 +290,7 @@ SANITIZE_SHAPES_stage18 := $(SANITIZE_SHAPES_stage14)
 # stage 19 takes fp8 alone, d = 128 and 256: its own shapes (tails of the 128-row tiles and of the
 # 64-row quantization blocks, the diagonal, --hadamard 0, many heads)
 SANITIZE_BASE_stage19 := "--dtype fp8 --seqlen 1 --dim 128" "--dtype fp8 --seqlen 100 --dim 128 --causal --counters" \
+                         "--dtype fp8 --seqlen 257 --dim 64 --causal" \
                          "--dtype fp8 --seqlen 77 --dim 256" "--dtype fp8 --seqlen 130 --dim 256 --causal" \
                          "--dtype fp8 --seqlen 300 --dim 128 --hadamard 0" "--dtype fp8 --seqlen 1000 --dim 128 --causal" \
                          "--dtype fp8 --seqlen 65 --dim 128 --batch 4 --heads 150"

@@ -22,7 +22,9 @@
  *   5. --hadamard 1 (the default): Q and K multiplied by the same H diag(signs) / sqrt(d), which
  *      cancels in Q K^T and spreads an outlier channel over all d (incoherent processing).
  * Why: Hopper's tensor cores run e4m3 at twice the 16-bit rate; the softmax is the same work.
- * d = 128 and 256 (d = 64: a 64-byte row wants the 64-byte swizzle, not yet written: exit 2).
+ * d = 64, 128 and 256 (at d = 64 the rows of Q and K are padded with zeros to 128 bytes, one row
+ * of the 128-byte swizzle: S's matmul does twice the work it needs, under a softmax that is
+ * longer than both matmuls in FP8 anyway).
  * Hopper only: compiled for sm_90a (the Makefile's HOPPER_STAGES); elsewhere it exits 3.
  * The layouts and the error: notes/19_fp8.md.
  * Run: ./stage19 --dtype fp8 --batch 4 --heads 16 --seqlen 4096 --dim 128 */
@@ -85,9 +87,12 @@ namespace {
  * step's 32 bytes):
  *
  *   d     consumer WGs  Br   Bc   STAGES  TURNED  turns, overlap  consumer registers        Q_i + ring
+ *   64    3             192  128  4       1       yes             160: O 32 + S 64 + P 16   24 + 4 x 24 = 120 KiB
  *   128   2             128  128  4       1       yes             240: O 64 + S 64 + P 16   16 + 4 x 32 = 144 KiB
  *   256   2             128  128  2       0       no              240: O 128 + S 64 + P 16  32 + 2 x 64 = 160 KiB
  *
+ * d = 64:  stage 18's three warpgroups; Q_i and K_j rows of 128 bytes (64 of zeros), V_j^T 64
+ *          rows of 128 keys: 16 + 8 KiB a stage.
  * d = 128: stage 18's loop; the ring one stage deeper, since a stage is half the bytes.
  * d = 256: stage 18's loop without turns, but 128 keys a tile, not 64: V_j^T's rows are keys, and
  *          the 128-byte swizzle wants 128 of them.
@@ -96,6 +101,8 @@ namespace {
  * POLY_EVERY: stage 18's shares (a sixteenth at d = 128, none at 256). */
 template <int HeadDim>
 struct cfg;
+template <>
+struct cfg<64> { static constexpr int HeadDim = 64, NWARPGROUPS = 3, Bc = 128, STAGES = 4, TURNED = 1, PINGPONG = 1, OVERLAP = 1, EARLY_Q = 1, POLY_EVERY = 8; };
 template <>
 struct cfg<128> { static constexpr int HeadDim = 128, NWARPGROUPS = 2, Bc = 128, STAGES = 4, TURNED = 1, PINGPONG = 1, OVERLAP = 1, EARLY_Q = 1, POLY_EVERY = 16; };
 template <>
@@ -126,26 +133,29 @@ struct tiles {
     static constexpr int TURN_BAR = 1 + NWARPGROUPS;
     static constexpr int ROWS_PER_WARP = 16 * M_TILES;
     static constexpr int Br = NWARPS * ROWS_PER_WARP;
-    /* Q_i [Br][HeadDim], then the ring: STAGES buffers of K_j [Bc][HeadDim], STAGES of V_j^T
-     * [HeadDim][Bc], all e4m3 bytes, in the 128-byte swizzle (wgmma.cuh): each starts on a
-     * 1024-byte atom. Then the
+    /* Q_i [Br][QK], then the ring: STAGES buffers of K_j [Bc][QK], STAGES of V_j^T [HeadDim][Bc],
+     * all e4m3 bytes, in the 128-byte swizzle (wgmma.cuh): each starts on a 1024-byte atom. QK,
+     * the bytes of a row of Q or K: HeadDim, but at least one swizzle row, 128 (d = 64: channels
+     * 64 .. 127 are zeros, written by the quantization, and add nothing to S). Then the
      * mbarriers, 8 bytes each: full[STAGES], empty[STAGES], Q_full, Q_empty; then a slot for the
      * number of the block's next work item, which lands with its Q_i (-1: none, the block is done;
      * the item hand-over in the kernel). */
     static constexpr size_t Q_i = 0;
-    static constexpr size_t TILE_BYTES = (size_t)Bc * HeadDim; /* one K_j or one V_j^T */
-    static constexpr size_t K_j = Q_i + (size_t)Br * HeadDim;
-    static constexpr size_t V_j = K_j + STAGES * TILE_BYTES;
-    static constexpr size_t full = V_j + STAGES * TILE_BYTES;
+    static constexpr int QK = HeadDim < 128 ? 128 : HeadDim;
+    static constexpr size_t K_TILE = (size_t)Bc * QK, V_TILE = (size_t)HeadDim * Bc; /* one K_j, one V_j^T */
+    static constexpr size_t K_j = Q_i + (size_t)Br * QK;
+    static constexpr size_t V_j = K_j + STAGES * K_TILE;
+    static constexpr size_t full = V_j + STAGES * V_TILE;
     static constexpr size_t empty = full + STAGES * sizeof(uint64_t);
     static constexpr size_t Q_full = empty + STAGES * sizeof(uint64_t);
     static constexpr size_t Q_empty = Q_full + sizeof(uint64_t);
     static constexpr size_t item_slot = Q_empty + sizeof(uint64_t);
     static constexpr size_t bytes = item_slot + sizeof(int);
     static_assert(Br == NWARPGROUPS * 64, "a warpgroup's rows are one wgmma's M, 64");
-    static_assert(HeadDim % 128 == 0, "the 128-byte swizzle takes rows of whole 128-byte blocks");
+    static_assert(QK % 128 == 0 && HeadDim % 64 == 0, "the 128-byte swizzle takes rows of whole 128-byte blocks");
     static_assert(Bc == 128, "V_j^T's rows are Bc keys: one 128-byte swizzle row; S_ij's two halves, two K scales");
-    static_assert(K_j % SW128_ATOM_BYTES == 0 && V_j % SW128_ATOM_BYTES == 0 && TILE_BYTES % SW128_ATOM_BYTES == 0,
+    static_assert(K_j % SW128_ATOM_BYTES == 0 && V_j % SW128_ATOM_BYTES == 0 && K_TILE % SW128_ATOM_BYTES == 0 &&
+                      V_TILE % SW128_ATOM_BYTES == 0,
                   "every tile on a 1024-byte atom");
     static_assert(HeadDim <= 256, "V_j^T's box has HeadDim rows, at most 256");
     static_assert(EARLY_Q, "O leaves from the accumulators: Q_i is freed at the item's last S");
@@ -249,7 +259,7 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
     constexpr int DT = HeadDim / 8; /* dim tiles: n8 column tiles of O_i */
     extern __shared__ __align__(SW128_ATOM_BYTES) unsigned char smem[];
     uint8_t *Q_i = smem + Tiles::Q_i;
-    uint8_t *K_buf = smem + Tiles::K_j; /* [STAGES][Bc][HeadDim] */
+    uint8_t *K_buf = smem + Tiles::K_j; /* [STAGES][Bc][QK] */
     uint8_t *V_buf = smem + Tiles::V_j; /* [STAGES][HeadDim][Bc]: V_j^T */
     uint64_t *full = (uint64_t *)(smem + Tiles::full);   /* [STAGES]: stage s's K_j, V_j have landed */
     uint64_t *empty = (uint64_t *)(smem + Tiles::empty); /* [STAGES]: every consumer warp is done with it */
@@ -271,7 +281,7 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
     const uint64_t Q_desc = wgmma_desc_kmajor((unsigned)__cvta_generic_to_shared(Q_i) + wg * 64 * SW128_ROW_BYTES);
     const uint64_t K_desc = wgmma_desc_kmajor((unsigned)__cvta_generic_to_shared(K_buf));
     const uint64_t V_desc = wgmma_desc_kmajor((unsigned)__cvta_generic_to_shared(V_buf));
-    constexpr unsigned TILE_BYTES = Tiles::TILE_BYTES; /* one K_j or V_j^T buffer */
+    constexpr unsigned K_TILE = Tiles::K_TILE, V_TILE = Tiles::V_TILE, QK = Tiles::QK; /* a K_j, a V_j^T buffer; Q's and K's row */
 
     /* The work: one item per (Q tile, head), Tr * BH of them, numbered by sections of `section`
      * heads (the last section may have fewer): within a section rank by rank, heaviest first, and
@@ -363,11 +373,11 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
                     const int s = (it0 + j) % STAGES, round = (it0 + j) / STAGES;
                     if (round > 0) mbar_wait(&empty[s], (round - 1) & 1);
                     if (!issuer) return;
-                    mbar_arrive_expect_tx(&full[s], 2 * TILE_BYTES); /* K_j and V_j^T: the phase ends when both land */
-                    for (int cb = 0; cb < HeadDim / 128; cb++) /* K_j: a box per 128 columns */
-                        tma_load_3d(K_buf + s * TILE_BYTES + cb * Bc * 128, &tmap_K, &full[s], cb * 128, j * Bc, W.bh);
+                    mbar_arrive_expect_tx(&full[s], K_TILE + V_TILE); /* K_j and V_j^T: the phase ends when both land */
+                    for (int cb = 0; cb < QK / 128; cb++) /* K_j: a box per 128 columns */
+                        tma_load_3d(K_buf + s * K_TILE + cb * Bc * 128, &tmap_K, &full[s], cb * 128, j * Bc, W.bh);
                     /* V_j^T: one box, its HeadDim rows by the tile's 128 keys */
-                    tma_load_3d(V_buf + s * TILE_BYTES, &tmap_V, &full[s], j * Bc, 0, W.bh);
+                    tma_load_3d(V_buf + s * V_TILE, &tmap_V, &full[s], j * Bc, 0, W.bh);
                 };
                 /* Q_i's buffer is where the previous item's O rows leave from (the epilogue), so the
                  * nth Q_i waits for the (nth - 1)-th phase of Q_empty. Before that wait, the tiles whose
@@ -384,12 +394,12 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
                 const int early = nth == 0 ? 0 : min(W.n_tiles, EARLY_Q ? STAGES - HELD : STAGES);
                 for (int j = 0; j < early; j++) load_kv(j);
                 if (nth > 0) mbar_wait(Q_empty, (nth - 1) & 1);
-                /* the item's number, then Q_i: HeadDim / 128 boxes of 128 columns x Br rows, one per
+                /* the item's number, then Q_i: QK / 128 boxes of 128 columns x Br rows, one per
                  * column block */
                 if (issuer) {
                     atomicExch(item_slot, w); /* before the arrival that releases it */
-                    mbar_arrive_expect_tx(Q_full, Br * HeadDim);
-                    for (int cb = 0; cb < HeadDim / 128; cb++)
+                    mbar_arrive_expect_tx(Q_full, Br * QK);
+                    for (int cb = 0; cb < QK / 128; cb++)
                         tma_load_3d(Q_i + cb * Br * 128, &tmap_Q, Q_full, cb * 128, W.q0, W.bh);
                 }
                 for (int j = early; j < W.n_tiles; j++) load_kv(j);
@@ -470,7 +480,9 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
          * reads the head's blocks that hold keys (a block wholly past N, padding, has scale 1,
          * which would shrink every P it does not touch), a lane every 32nd, and takes their max. */
         const float *qs = q_scales + (size_t)W.bh * NB, *ks = k_scales + (size_t)W.bh * NB, *vs = v_scales + (size_t)W.bh * NB;
-        const float sq = __ldg(qs + q0 / FP8_BLOCK_ROWS + wg);
+        /* (a Q tile of 192 rows, d = 64, may end past Npad: its last warpgroup's rows are then all
+         * past N, zeros, and it reads the head's last scale instead) */
+        const float sq = __ldg(qs + min(q0 / FP8_BLOCK_ROWS + wg, NB - 1));
         float SV = 0.f;
         for (int b = lane; b < CEIL_DIV(N, FP8_BLOCK_ROWS); b += WARP_SIZE) SV = fmaxf(SV, __ldg(vs + b));
 #pragma unroll
@@ -514,10 +526,10 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
          * the first one overwriting S_ij (accumulate = 0), all in one group. S_ij[0]: a warp's one
          * row tile. */
         auto issue_scores = [&](float (&S_ij)[M_TILES][KT][4], int j) {
-            const uint64_t K_j = wgmma_desc_step(K_desc, ((it0 + j) % STAGES) * TILE_BYTES);
+            const uint64_t K_j = wgmma_desc_step(K_desc, ((it0 + j) % STAGES) * K_TILE);
             wgmma_fence(); /* S_ij's registers were last written by ordinary instructions (tile j-1) */
 #pragma unroll
-            for (int k = 0; k < HeadDim / 32; k++)
+            for (int k = 0; k < QK / 32; k++)
                 wgmma_ss_e4m3<Bc>(S_ij[0], wgmma_desc_step(Q_desc, sw128_kmajor_step<Br>(k)),
                                   wgmma_desc_step(K_j, sw128_kmajor_step<Bc>(k)), k > 0);
             wgmma_commit();
@@ -526,7 +538,7 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
         /* O_i += P_ij V_j issued: one m64nDk32 wgmma per k32 step of keys (32 bytes of each row of
          * V_j^T), all in one group */
         auto issue_pv = [&](int j) {
-            const uint64_t V_j = wgmma_desc_step(V_desc, ((it0 + j) % STAGES) * TILE_BYTES);
+            const uint64_t V_j = wgmma_desc_step(V_desc, ((it0 + j) % STAGES) * V_TILE);
             wgmma_hold(O_acc[0]);
             wgmma_hold(P_ij);
             wgmma_fence(); /* O_acc (rescaled) and P_ij were just written by ordinary instructions */
@@ -721,7 +733,9 @@ double kv_rows_read(const struct shape *sh)
  * sees them, writes O in fp16 and L. */
 void hbm_bytes(const struct shape *sh, struct hbm_traffic *t)
 {
-    const double kv_rows = sh->d == 128 ? kv_rows_read<cfg<128>>(sh) : kv_rows_read<cfg<256>>(sh);
+    const double kv_rows = sh->d == 64    ? kv_rows_read<cfg<64>>(sh)
+                           : sh->d == 128 ? kv_rows_read<cfg<128>>(sh)
+                                          : kv_rows_read<cfg<256>>(sh);
     const double heads = (double)sh->B * sh->H, d = sh->d, N = sh->N;
     t->Q = heads * N * d * (2 + 1 + 1);
     t->KV = heads * 2.0 * N * d * (2 + 1) + heads * 2.0 * kv_rows * d;
@@ -758,9 +772,10 @@ int section_heads(const struct shape *sh, int l2_bytes)
 }
 
 /* The workspace, 256-byte aligned pieces: the work items' counter (zero when allocated, zero again
- * after every call); then Q8 and K8 [B H][Npad][d], V8^T [B H][d][Npad] (e4m3), and the three
- * scale arrays [B H][Npad / 64], with Npad = N rounded up to whole tiles of 128 rows (the
- * quantization writes zeros past N, so a tile never reads another head's rows). */
+ * after every call); then Q8 and K8 [B H][Npad][QK], V8^T [B H][d][Npad] (e4m3), and the three
+ * scale arrays [B H][Npad / 64], with Npad = N rounded up to 128 rows and QK = max(d, 128) bytes
+ * a row (the quantization writes zeros past N and past d, so a tile never reads another head's
+ * rows). */
 constexpr int FP8_PAD = 128;
 struct fp8_workspace {
     unsigned *counter = nullptr;
@@ -772,9 +787,10 @@ struct fp8_workspace {
     {
         Npad = CEIL_DIV(sh->N, FP8_PAD) * FP8_PAD, NB = Npad / FP8_BLOCK_ROWS;
         const size_t bh = (size_t)sh->B * sh->H;
-        const size_t elems = (bh * Npad * sh->d + 255) / 256 * 256, scales = (bh * NB * sizeof(float) + 255) / 256 * 256;
-        const size_t at[7] = {0, 256, 256 + elems, 256 + 2 * elems, 256 + 3 * elems, 256 + 3 * elems + scales,
-                              256 + 3 * elems + 2 * scales};
+        const size_t qk = (bh * Npad * std::max(sh->d, 128) + 255) / 256 * 256, v = (bh * Npad * sh->d + 255) / 256 * 256;
+        const size_t scales = (bh * NB * sizeof(float) + 255) / 256 * 256;
+        const size_t at[7] = {0, 256, 256 + qk, 256 + 2 * qk, 256 + 2 * qk + v, 256 + 2 * qk + v + scales,
+                              256 + 2 * qk + v + 2 * scales};
         bytes = at[6] + scales;
         if (!work) return;
         char *p = (char *)work;
@@ -790,16 +806,18 @@ size_t workspace_bytes(const struct attn_args *a)
 }
 
 /* The quantization (fp8_quant.cuh), three launches: Q and K through the Hadamard transform when
- * a->hadamard, V transposed and permuted; a block of QUANT_THREADS per 64 rows of a head. */
+ * a->hadamard, into rows of QK bytes; V transposed and permuted; a block of QUANT_THREADS per 64
+ * rows of a head. */
 constexpr int QUANT_THREADS = 256;
 template <int HeadDim, bool HADAMARD>
 int quantize(const struct attn_args *a, const fp8_workspace &w, const hadamard_sign_bits &signs)
 {
+    constexpr int QK = tiles<cfg<HeadDim>>::QK;
     const struct shape *sh = &a->sh;
     const dim3 grid((unsigned)w.NB, (unsigned)(sh->B * sh->H));
-    fp8_quantize_kernel<HeadDim, FP8_BLOCK_ROWS, HADAMARD, false, QUANT_THREADS>
+    fp8_quantize_kernel<HeadDim, FP8_BLOCK_ROWS, HADAMARD, false, QUANT_THREADS, QK>
         <<<grid, QUANT_THREADS>>>((const __half *)a->Q, w.Q8, w.qs, sh->N, w.Npad, signs);
-    fp8_quantize_kernel<HeadDim, FP8_BLOCK_ROWS, HADAMARD, false, QUANT_THREADS>
+    fp8_quantize_kernel<HeadDim, FP8_BLOCK_ROWS, HADAMARD, false, QUANT_THREADS, QK>
         <<<grid, QUANT_THREADS>>>((const __half *)a->K, w.K8, w.ks, sh->N, w.Npad, signs);
     fp8_quantize_kernel<HeadDim, FP8_BLOCK_ROWS, false, true, QUANT_THREADS>
         <<<grid, QUANT_THREADS>>>((const __half *)a->V, w.V8t, w.vs, sh->N, w.Npad, signs);
@@ -846,8 +864,8 @@ int launch(const struct attn_args *a, char *why, size_t n)
     /* The tensor maps of the workspace's byte tensors: Q8's boxes Br rows, K8's Bc, V8^T's HeadDim
      * rows (the dims) by 128 keys */
     CUtensorMap tmap_Q, tmap_K, tmap_V;
-    if (int rc = tma_map_bytes(&tmap_Q, w.Q8, bh, w.Npad, HeadDim, Tiles::Br, why, n)) return rc;
-    if (int rc = tma_map_bytes(&tmap_K, w.K8, bh, w.Npad, HeadDim, Tiles::Bc, why, n)) return rc;
+    if (int rc = tma_map_bytes(&tmap_Q, w.Q8, bh, w.Npad, Tiles::QK, Tiles::Br, why, n)) return rc;
+    if (int rc = tma_map_bytes(&tmap_K, w.K8, bh, w.Npad, Tiles::QK, Tiles::Bc, why, n)) return rc;
     if (int rc = tma_map_bytes(&tmap_V, w.V8t, bh, HeadDim, w.Npad, HeadDim, why, n)) return rc;
     stage19_fp8_kernel<T, Cfg, COUNT><<<dim3((unsigned)blocks), dim3(Tiles::NTHREADS), smem>>>(
         tmap_Q, tmap_K, tmap_V, w.qs, w.ks, w.vs, w.NB, (T *)a->O, a->L, sh->N, (int)bh, section, sh->causal,
@@ -860,10 +878,11 @@ template <bool COUNT, bool ATTEND>
 int dispatch_d(const struct attn_args *a, char *why, size_t n)
 {
     switch (a->sh.d) {
+    case 64: return launch<cfg<64>, COUNT, ATTEND>(a, why, n);
     case 128: return launch<cfg<128>, COUNT, ATTEND>(a, why, n);
     case 256: return launch<cfg<256>, COUNT, ATTEND>(a, why, n);
     }
-    snprintf(why, n, "supports head dim 128 or 256 (got d=%d; d = 64 needs the 64-byte swizzle, not written yet)", a->sh.d);
+    snprintf(why, n, "supports head dim 64, 128 or 256 (got d=%d)", a->sh.d);
     return ATTN_UNSUPPORTED;
 }
 
@@ -902,10 +921,11 @@ int tiles_for(const struct attn_args *a, int backward, size_t limit, struct tile
 {
     (void)backward; /* a forward only */
     switch (a->sh.d) {
+    case 64: return tiles_of<cfg<64>>(&a->sh, limit, c);
     case 128: return tiles_of<cfg<128>>(&a->sh, limit, c);
     case 256: return tiles_of<cfg<256>>(&a->sh, limit, c);
     }
-    snprintf(c->text, sizeof c->text, "supports head dim 128 or 256 (got d=%d)", a->sh.d);
+    snprintf(c->text, sizeof c->text, "supports head dim 64, 128 or 256 (got d=%d)", a->sh.d);
     return ATTN_UNSUPPORTED;
 }
 
@@ -917,7 +937,7 @@ extern "C" const struct stage stage19_desc = {
     .device = ON_GPU,
     .forward = forward<>,
     .backward = NULL,
-    .dims = {128, 256},
+    .dims = {64, 128, 256},
     .dtypes = DT_FP8,
     .workspace_bytes = workspace_bytes,
     .openmp = 0,

@@ -83,7 +83,7 @@ static __device__ __forceinline__ void hadamard_lane(float (&v)[HeadDim / 32], c
  * V's bytes go through shared memory, [HeadDim][ROWS] in V^T's order, and leave 16 bytes at a time
  * along each row of V^T: written straight from the warps, a lane's bytes would land in HeadDim / 32
  * rows Npad bytes apart, one byte per row and store. */
-template <int HeadDim, int ROWS, bool HADAMARD, bool TRANSPOSE, int THREADS>
+template <int HeadDim, int ROWS, bool HADAMARD, bool TRANSPOSE, int THREADS, int PITCH = HeadDim>
 __global__ void __launch_bounds__(THREADS)
 fp8_quantize_kernel(const __half *__restrict__ X, uint8_t *__restrict__ X8, float *__restrict__ scales, int N, int Npad,
                     hadamard_sign_bits signs)
@@ -129,7 +129,10 @@ fp8_quantize_kernel(const __half *__restrict__ X, uint8_t *__restrict__ X8, floa
         float v[E];
         row_values(r, v);
         if constexpr (!TRANSPOSE) {
-            uint8_t *dst = X8 + (head * Npad + r) * HeadDim + lane * E;
+            static_assert(PITCH >= HeadDim && (PITCH - HeadDim) % 4 == 0, "whole 4-byte zeros past d");
+            uint8_t *row = X8 + (head * Npad + r) * PITCH, *dst = row + lane * E;
+#pragma unroll
+            for (int z = HeadDim + 4 * lane; z < PITCH; z += 4 * WARP_SIZE) *(uint32_t *)(row + z) = 0u; /* bytes d .. PITCH */
             if constexpr (E >= 4) {
 #pragma unroll
                 for (int j = 0; j < E; j += 4)
