@@ -81,7 +81,7 @@ namespace {
  * wait: all three live at once.
  *
  * The producer warpgroup comes after the consumers, as in stage 18, and gives its registers away
- * (setmaxnreg): two consumer warpgroups, 384 threads, 240 registers each. Every tile is bytes now:
+ * (setmaxnreg): 240 registers each for two consumer warpgroups, 160 for three. Every tile is bytes now:
  * a row of Q_i or K_j is d bytes, a row of V_j^T is Bc = 128 keys, one 128-byte swizzle row, the
  * unit a copy and a wgmma descriptor work in (wgmma.cuh: the 8-bit k32 step is the 16-bit k16
  * step's 32 bytes):
