@@ -14,7 +14,8 @@
 # The columns are the stages' own: each stage runs with --csv, which prints common/report.c's
 # header above its row; the header goes to the file (checked against the one there) and to
 # torch_sdpa.py, which fills the same columns by name.
-# Environment: STAGES ("stage4 stage5 ..."), SEQLENS, DIMS, DTYPES, WARMUP, ITERS; CAP_stageN=8192 caps
+# Environment: STAGES ("stage4 stage5 ..."), SEQLENS, DIMS, DTYPES, WARMUP, ITERS; TORCH_DIRECTIONS
+# ("fwd bwd", or "fwd": torch's forward alone, for a run of forward stages); CAP_stageN=8192 caps
 # a slow stage's N (say why in its note); FA_COMMIT names the commit in the CSV; TORCH=0 leaves out
 # torch's rows and the matmul (the stages alone, against each other).
 set -euo pipefail
@@ -92,7 +93,8 @@ elif python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; th
   # (torch's attention has no fp8: its rows in the 16-bit dtypes asked for; the matmul has all)
   sdpa_dtypes=$(tr ' ' '\n' <<< "$DTYPES" | grep -v '^fp8$' | tr '\n' ' ')
   if [ -n "${sdpa_dtypes// }" ]; then
-    python3 -u bench/torch_sdpa.py --columns "$header" --seqlens $SEQLENS --dims $DIMS --dtypes $sdpa_dtypes --warmup "$WARMUP" --iters "$ITERS" >> "$rows" &
+    python3 -u bench/torch_sdpa.py --columns "$header" --seqlens $SEQLENS --dims $DIMS --dtypes $sdpa_dtypes \
+      --directions ${TORCH_DIRECTIONS:-fwd bwd} --warmup "$WARMUP" --iters "$ITERS" >> "$rows" &
     torch_pid=$!
     wait "$torch_pid" || failed=1
     torch_pid=

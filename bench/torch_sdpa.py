@@ -43,6 +43,8 @@ def main():
     ap.add_argument("--seqlens", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
     ap.add_argument("--dims", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--dtypes", nargs="+", default=["fp16"], choices=["fp16", "bf16"])
+    ap.add_argument("--directions", nargs="+", default=["fwd", "bwd"], choices=["fwd", "bwd"],
+                    help="fwd alone skips the backward (a benchmark of forward stages only)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--columns", required=True,
@@ -74,19 +76,22 @@ def main():
                     out = fwd()
                     dout = torch.rand_like(out) * 2 - 1
                     bwd = lambda: torch.autograd.grad(out, (q, kk, v), dout, retain_graph=True)
-                    bms, bms_min = time_ms(bwd, a.warmup, a.iters)
+                    bms, bms_min = time_ms(bwd, a.warmup, a.iters) if "bwd" in a.directions else (float("nan"),) * 2
             except RuntimeError as e:
                 print(f"[{k}/{total}] {label} ... not supported: {str(e).splitlines()[0]}", file=sys.stderr)
                 continue
             for direction, m, mn, f in (("fwd", ms, ms_min, flops), ("bwd", bms, bms_min, 2.5 * flops)):
+                if direction not in a.directions:
+                    continue
                 tf = f / (m * 1e-3) / 1e12
                 row = {"stage": name, "direction": direction, "gpu": gpu, "dtype": t, "batch": B, "heads": H,
                        "seqlen": n, "dim": d, "causal": causal, "ms_median": f"{m:.4f}", "ms_min": f"{mn:.4f}",
                        "tflops": f"{tf:.3f}", "max_err": "", "check": "skip", "commit": commit,
                        "extra_bytes": 0, "threads": 1, "kv_len": n, "kv_heads": H, "splits": ""}
                 print(",".join(str(row.get(c, "")) for c in columns))
-            print(f"[{k}/{total}] {label} ... fwd {flops / (ms * 1e-3) / 1e12:.1f} TFLOP/s, "
-                  f"bwd {2.5 * flops / (bms * 1e-3) / 1e12:.1f} TFLOP/s", file=sys.stderr)
+            print(f"[{k}/{total}] {label} ... fwd {flops / (ms * 1e-3) / 1e12:.1f} TFLOP/s"
+                  + (f", bwd {2.5 * flops / (bms * 1e-3) / 1e12:.1f} TFLOP/s" if "bwd" in a.directions else ""),
+                  file=sys.stderr)
             sys.stdout.flush()
             del q, kk, v, out, dout
 
