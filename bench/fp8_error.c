@@ -41,7 +41,7 @@ static void head_forward(const struct fp8_head *hd, int N, int causal, float sca
 
 int main(int argc, char **argv)
 {
-    int N = 1024, d = 128, H = 4, block = 128;
+    int N = 1024, d = 128, H = 4, block = FP8_BLOCK_ROWS; /* the stage's blocks */
     float outliers = 50.0f;
     for (int a = 1; a < argc; a++) {
         const char *v = a + 1 < argc ? argv[a + 1] : NULL;

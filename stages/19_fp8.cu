@@ -82,7 +82,7 @@ namespace {
  *
  * The producer warpgroup comes after the consumers, as in stage 18, and gives its registers away
  * (setmaxnreg): 240 registers each for two consumer warpgroups, 160 for three. Every tile is bytes now:
- * a row of Q_i or K_j is d bytes, a row of V_j^T is Bc = 128 keys, one 128-byte swizzle row, the
+ * a row of Q_i or K_j is max(d, 128) bytes, a row of V_j^T is Bc = 128 keys, one 128-byte swizzle row, the
  * unit a copy and a wgmma descriptor work in (wgmma.cuh: the 8-bit k32 step is the 16-bit k16
  * step's 32 bytes):
  *
@@ -98,7 +98,7 @@ namespace {
  *          the 128-byte swizzle wants 128 of them.
  * EARLY_Q everywhere: the epilogue stores O (16-bit) from the accumulators, since Q_i, one byte an
  * element, is too small to stage it.
- * POLY_EVERY: stage 18's shares (a sixteenth at d = 128, none at 256). */
+ * POLY_EVERY: stage 18's shares (an eighth at d = 64, a sixteenth at d = 128, none at 256). */
 template <int HeadDim>
 struct cfg;
 template <>
@@ -181,11 +181,15 @@ struct tiles {
  * No stale max here (stage 18's TAU): P goes into P V as e4m3 after a factor up to 256, and
  * e4m3's largest value is 448, so P must stay at most 1. A row still all masked keeps m = -inf:
  * its P = exp2(-inf) = 0 and alpha = 1. moved[mt][h]: whether this lane's row's max rose; returns
- * whether any did (the caller's vote rescales O_i or not, for the whole warp). */
+ * whether any did (the caller's vote rescales O_i or not, for the whole warp).
+ * What is left in S is not P but P f_h, the factor P carries into P V (the kernel's factors: f_h
+ * <= 256), put into the exponent as + log2(f_h), lf_h: exp2(x + lf_h) = P f_h, one FFMA as before
+ * instead of a multiply more per score. l_i sums P itself: each half's sum times 1 / f_h. */
 template <int POLY_EVERY, int M_TILES, int KT>
 __device__ __forceinline__ bool online_softmax_fp8(float (&S)[M_TILES][KT][4], float (&m_i)[M_TILES][2],
                                                    float (&l_i)[M_TILES][2], float (&alpha)[M_TILES][2],
-                                                   bool (&moved)[M_TILES][2], float c0, float c1)
+                                                   bool (&moved)[M_TILES][2], float c0, float c1, float lf0,
+                                                   float lf1, float inv_f0, float inv_f1)
 {
     bool any = false;
 #pragma unroll
@@ -206,20 +210,22 @@ __device__ __forceinline__ bool online_softmax_fp8(float (&S)[M_TILES][KT][4], f
             const float base = mx == -INFINITY ? 0.f : mx;
             alpha[mt][h] = move ? exp2_approx(m_i[mt][h] - base) : 1.f;
             m_i[mt][h] = mx, moved[mt][h] = move, any |= move;
-            float sum = 0.f;
+            const float bias0 = lf0 - base, bias1 = lf1 - base;
+            float sum0 = 0.f, sum1 = 0.f;
 #pragma unroll
             for (int nt = 0; nt < KT; nt++) {
-                const float c = nt < KT / 2 ? c0 : c1; /* nt is a compile-time constant (unrolled) */
-                const float x0 = fmaf(S[mt][nt][2 * h], c, -base);
-                const float x1 = fmaf(S[mt][nt][2 * h + 1], c, -base);
+                const float c = nt < KT / 2 ? c0 : c1, bias = nt < KT / 2 ? bias0 : bias1; /* nt: a compile-time constant */
+                const float x0 = fmaf(S[mt][nt][2 * h], c, bias);
+                const float x1 = fmaf(S[mt][nt][2 * h + 1], c, bias);
                 constexpr int EVERY = POLY_EVERY > 0 ? POLY_EVERY : 1;
                 const bool poly = POLY_EVERY > 0 && nt % EVERY == EVERY - 1;
                 const float p0 = poly ? exp2_poly(x0) : exp2_approx(x0);
                 const float p1 = poly ? exp2_poly(x1) : exp2_approx(x1);
                 S[mt][nt][2 * h] = p0, S[mt][nt][2 * h + 1] = p1;
-                sum += p0 + p1;
+                if (nt < KT / 2) sum0 += p0 + p1;
+                else sum1 += p0 + p1;
             }
-            l_i[mt][h] = alpha[mt][h] * l_i[mt][h] + sum;
+            l_i[mt][h] = alpha[mt][h] * l_i[mt][h] + (sum0 * inv_f0 + sum1 * inv_f1);
         }
     return any;
 }
@@ -490,12 +496,12 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
         /* Tile j's factors, for its two halves of 64 keys: the exponent's c_h = scale log2(e) sq
          * sk_h, and P's f_h = 256 sv_h / SV, so that P V8 f_h SV / 256 = P (sv_h V8), the true P V;
          * read as the tile's S is issued, so the loads run under the wgmma */
-        struct tile_factors { float c0, c1, f0, f1; };
+        struct tile_factors { float c0, c1, lf0, lf1, inv_f0, inv_f1; };
         auto factors = [&](int j) {
             const float k0 = __ldg(ks + 2 * j), k1 = __ldg(ks + 2 * j + 1);
             const float v0 = __ldg(vs + 2 * j), v1 = __ldg(vs + 2 * j + 1);
-            const float c = scale_log2 * sq, f = 256.f / SV;
-            return tile_factors{c * k0, c * k1, f * v0, f * v1};
+            const float c = scale_log2 * sq, f0 = 256.f / SV * v0, f1 = 256.f / SV * v1;
+            return tile_factors{c * k0, c * k1, __log2f(f0), __log2f(f1), 1.f / f0, 1.f / f1};
         };
 
         /* Tile j's K_j, V_j have landed in ring stage (it0 + j) mod STAGES: the ((it0 + j) / STAGES)-th
@@ -558,7 +564,8 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
             if (key0 + Bc > N || (causal && key0 + Bc - 1 > q0)) mask_scores(S_ij, key0, q0 + row0, N, causal);
 
             bool moved[M_TILES][2];
-            const bool any = online_softmax_fp8<Tiles::POLY_EVERY>(S_ij, m_i, l_i, alpha, moved, tf.c0, tf.c1);
+            const bool any = online_softmax_fp8<Tiles::POLY_EVERY>(S_ij, m_i, l_i, alpha, moved, tf.c0, tf.c1, tf.lf0,
+                                                                   tf.lf1, tf.inv_f0, tf.inv_f1);
             /* The vote: whether any row of the warp moved, the same answer in every lane. It also
              * reads l_i (l_i < 0 never holds), so that it needs every exponential of the tile: with
              * OVERLAP the wait for P V branches on the vote (below), which keeps the softmax above
@@ -570,25 +577,23 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
             return rescale;
         };
 
-        /* O_i *= alpha where a row's max moved, then P_ij f_h packed into the 8-bit A fragments,
+        /* O_i *= alpha where a row's max moved, then P_ij f_h (S_ij's values) packed into the 8-bit A fragments,
          * each thread its own values (no shuffle): for k32 step kb, n8 tiles 4kb .. 4kb + 3, register
          * 0 row g (C elements 0, 1 of tiles 4kb, 4kb + 1: keys 2t, 2t + 1, 8 + 2t, 9 + 2t), register
          * 1 the same keys of row g + 8 (elements 2, 3), registers 2, 3 the next 16 keys. Those are
          * positions 4t .. 4t + 3 (16 + 4t .. for 2, 3) of the 8-bit layout, and V_j^T holds key
          * key_of_position(p) at position p (fp8_quant.cuh): the products pair the right keys. */
-        auto rescale_pack = [&](const float (&S_ij)[M_TILES][KT][4], const float (&alpha)[M_TILES][2], bool rescale,
-                                const tile_factors &tf) {
+        auto rescale_pack = [&](const float (&S_ij)[M_TILES][KT][4], const float (&alpha)[M_TILES][2], bool rescale) {
             if constexpr (OVERLAP)
                 if (rescale) scale_rows(O_acc, alpha);
 #pragma unroll
-            for (int kb = 0; kb < Bc / 32; kb++) {
-                const float f = kb < Bc / 64 ? tf.f0 : tf.f1; /* the half of 64 keys, its V scale */
+            for (int kb = 0; kb < Bc / 32; kb++) { /* S_ij holds P f_h already (online_softmax_fp8) */
                 const float(&a)[4] = S_ij[0][4 * kb], (&b)[4] = S_ij[0][4 * kb + 1];
                 const float(&c)[4] = S_ij[0][4 * kb + 2], (&e)[4] = S_ij[0][4 * kb + 3];
-                P_ij[kb][0] = pack_e4m3x4(a[0] * f, a[1] * f, b[0] * f, b[1] * f);
-                P_ij[kb][1] = pack_e4m3x4(a[2] * f, a[3] * f, b[2] * f, b[3] * f);
-                P_ij[kb][2] = pack_e4m3x4(c[0] * f, c[1] * f, e[0] * f, e[1] * f);
-                P_ij[kb][3] = pack_e4m3x4(c[2] * f, c[3] * f, e[2] * f, e[3] * f);
+                P_ij[kb][0] = pack_e4m3x4(a[0], a[1], b[0], b[1]);
+                P_ij[kb][1] = pack_e4m3x4(a[2], a[3], b[2], b[3]);
+                P_ij[kb][2] = pack_e4m3x4(c[0], c[1], e[0], e[1]);
+                P_ij[kb][3] = pack_e4m3x4(c[2], c[3], e[2], e[3]);
             }
         };
 
@@ -609,7 +614,7 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
             release_Q(j); /* the item's last S_ij: Q_i read */
             float alpha[M_TILES][2];
             const bool rescale = softmax(S_ij, key0, tf, alpha);
-            rescale_pack(S_ij, alpha, rescale, tf);
+            rescale_pack(S_ij, alpha, rescale);
         };
 
         /* The loop, turned so that O_i += P_ij V_j is issued and left running while the warpgroup
@@ -655,7 +660,7 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
                 wgmma_hold(O_acc[0]);
                 wgmma_hold(P_ij);
                 release(j); /* tile j's stage: K_j read long ago, V_j now */
-                rescale_pack(S_ij, alpha, rescale, tf);
+                rescale_pack(S_ij, alpha, rescale);
             }
             issue_pv(n_tiles - 1); /* the last P V, outside any turn (below) */
         } else {
