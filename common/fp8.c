@@ -98,16 +98,51 @@ void fp8_head_free(struct fp8_head *hd)
     hd->q = hd->k = hd->v = hd->sq = hd->sk = hd->sv = NULL;
 }
 
+/* q . k as Hopper's tensor cores add e4m3 products: not in full fp32. At each k32 step (one
+ * m64nNk32 wgmma) the 32 products and the running sum are aligned to the largest exponent among
+ * them and cut (toward zero) to TC_BITS bits below it, then added: about 13 bits are kept, as the
+ * FP8 GEMM literature measures them (DeepSeek-V3's report, section 3.5.2). An emulation with
+ * exact fp32 sums would be more accurate than the hardware, and a check built on it would fail a
+ * correct kernel on rows whose scores are large (outlier channels). The steps run over `steps` x 32
+ * channels, those past d zeros (stage 19 pads d = 64 rows to 128 bytes: two steps more, in which
+ * the sum is cut again). */
+#define TC_BITS 13
+static float tc_dot(const float *q, const float *k, int d, int steps)
+{
+    double acc = 0.0;
+    for (int s = 0; s < steps; s++) {
+        double t[33], mx = fabs(acc);
+        int n = 0;
+        t[n++] = acc;
+        for (int c = 32 * s; c < 32 * s + 32; c++) {
+            t[n] = c < d ? (double)q[c] * k[c] : 0.0;
+            mx = fmax(mx, fabs(t[n]));
+            n++;
+        }
+        if (mx == 0.0) continue;
+        int e;
+        frexp(mx, &e); /* mx in [2^(e-1), 2^e) */
+        const double ulp = ldexp(1.0, e - 1 - TC_BITS);
+        double sum = 0.0;
+        for (int u = 0; u < n; u++) sum += trunc(t[u] / ulp) * ulp;
+        acc = (float)sum;
+    }
+    return (float)acc;
+}
+
 void fp8_forward_row(const struct fp8_head *hd, int i, int keys, float scale, float *S, double *o, double *lse)
 {
-    const int d = hd->d, block = hd->block;
+    const int d = hd->d, block = hd->block, steps = (d < 128 ? 128 : d) / 32;
     const float *q = hd->q + (size_t)i * d;
-    /* S_ij = sQ sK (Q8_i . K8_j), fp32 sums as the tensor cores'; m_i = max_j S_ij */
+    /* S_ij = sQ sK (Q8_i . K8_j), summed as the tensor cores sum e4m3 products (tc_dot; fp16 mode:
+     * fp32 sums); m_i = max_j S_ij */
     float m = -INFINITY;
     for (int j = 0; j < keys; j++) {
         const float *k = hd->k + (size_t)j * d;
         float dot = 0.0f;
-        for (int c = 0; c < d; c++) dot += q[c] * k[c];
+        if (hd->p_dtype == DT_FP8) dot = tc_dot(q, k, d, steps);
+        else
+            for (int c = 0; c < d; c++) dot += q[c] * k[c];
         S[j] = dot * hd->sq[i / block] * hd->sk[j / block];
         m = fmaxf(m, S[j]);
     }

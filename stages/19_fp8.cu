@@ -741,9 +741,9 @@ void hbm_bytes(const struct shape *sh, struct hbm_traffic *t)
     const double kv_rows = sh->d == 64    ? kv_rows_read<cfg<64>>(sh)
                            : sh->d == 128 ? kv_rows_read<cfg<128>>(sh)
                                           : kv_rows_read<cfg<256>>(sh);
-    const double heads = (double)sh->B * sh->H, d = sh->d, N = sh->N;
-    t->Q = heads * N * d * (2 + 1 + 1);
-    t->KV = heads * 2.0 * N * d * (2 + 1) + heads * 2.0 * kv_rows * d;
+    const double heads = (double)sh->B * sh->H, d = sh->d, N = sh->N, qk = std::max(sh->d, 128); /* Q8's, K8's row */
+    t->Q = heads * N * (d * 2 + qk + qk);
+    t->KV = heads * N * (2 * d * 2 + qk + d) + heads * kv_rows * (qk + d);
     t->O = heads * N * d * 2;
     t->O_work = 0;
     t->rowstats = heads * N * sizeof(float); /* L */
@@ -767,11 +767,12 @@ int device_facts_of(struct device_facts *f, char *why, size_t n)
     return 0;
 }
 
-/* The heads per section of the work order (the kernel's work_of): as many heads as have their K
- * and V, 2 * N * d bytes each now, in half of `l2_bytes`, at least 1, at most every head. */
+/* The heads per section of the work order (the kernel's work_of): as many heads as have their K8
+ * and V8^T, N (max(d, 128) + d) bytes each now, in half of `l2_bytes`, at least 1, at most every
+ * head. */
 int section_heads(const struct shape *sh, int l2_bytes)
 {
-    const long long bh = (long long)sh->B * sh->H, kv_head = 2LL * sh->N * sh->d;
+    const long long bh = (long long)sh->B * sh->H, kv_head = (long long)sh->N * (std::max(sh->d, 128) + sh->d);
     const long long rule = l2_bytes ? std::max(1LL, l2_bytes / 2 / kv_head) : bh;
     return (int)std::min(bh, rule);
 }

@@ -7,7 +7,9 @@
  *     (within 1e-5: the GPU's transform adds in another order), each element decodes to within
  *     half an e4m3 step of the host's value, padding rows are zero; qh with the Hadamard transform;
  *     v transposed, its columns permuted in 32-key groups (key_of_position), which the test
- *     inverts element by element. */
+ *     inverts element by element.
+ * fp8_quant::stage19_*  the stage's own instances: blocks of 64 rows (FP8_BLOCK_ROWS), d = 64 rows
+ *     padded to 128 bytes (PITCH, the bytes past d zeros), V at d = 256. */
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
 #include <stdint.h>
@@ -26,11 +28,11 @@ extern "C" {
 #define TEST_Q8_ROWS 128
 #define TEST_Q8_THREADS 256
 
-template <int HeadDim, bool HADAMARD, bool TRANSPOSE>
+template <int HeadDim, bool HADAMARD, bool TRANSPOSE, int ROWS = TEST_Q8_ROWS, int PITCH = HeadDim>
 static void test_quantize(const char *label)
 {
     test_require_gpu_arch(90, "fp8_quantize_kernel (sm_90a build)");
-    const int heads = 2, N = 200, Npad = CEIL_DIV(N, TEST_Q8_ROWS) * TEST_Q8_ROWS, blocks = Npad / TEST_Q8_ROWS;
+    const int heads = 2, N = 200, Npad = CEIL_DIV(N, ROWS) * ROWS, blocks = Npad / ROWS;
     const struct shape sh = test_shape(1, heads, N, HeadDim, 0);
     const size_t n = shape_elems(&sh);
     std::vector<float> X(n), Xk(n);
@@ -50,13 +52,13 @@ static void test_quantize(const char *label)
     __half *dX;
     uint8_t *dX8;
     float *dS;
-    const size_t n8 = (size_t)heads * Npad * HeadDim;
+    const size_t n8 = (size_t)heads * Npad * (TRANSPOSE ? HeadDim : PITCH);
     CUDA_CHECK(cudaMalloc(&dX, n * 2));
     CUDA_CHECK(cudaMalloc(&dX8, n8));
     CUDA_CHECK(cudaMalloc(&dS, (size_t)heads * blocks * 4));
     CUDA_CHECK(cudaMemcpy(dX, Xh.data(), n * 2, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemset(dX8, 0x7f, n8)); /* NaN codes: a byte never written shows */
-    fp8_quantize_kernel<HeadDim, TEST_Q8_ROWS, HADAMARD, TRANSPOSE, TEST_Q8_THREADS>
+    fp8_quantize_kernel<HeadDim, ROWS, HADAMARD, TRANSPOSE, TEST_Q8_THREADS, PITCH>
         <<<dim3(blocks, heads), TEST_Q8_THREADS>>>(dX, dX8, dS, N, Npad, bits);
     LAUNCH_CHECK();
     std::vector<uint8_t> X8(n8);
@@ -70,12 +72,15 @@ static void test_quantize(const char *label)
     for (int h = 0; h < heads; h++)
         for (int b = 0; b < blocks; b++) {
             float amax = 0;
-            for (int r = b * TEST_Q8_ROWS; r < (b + 1) * TEST_Q8_ROWS && r < N; r++)
+            for (int r = b * ROWS; r < (b + 1) * ROWS && r < N; r++)
                 for (int c = 0; c < HeadDim; c++) amax = fmaxf(amax, fabsf(ref[((size_t)h * N + r) * HeadDim + c]));
             const float want = amax > 0 ? amax / 448.0f : 1.0f, got = S[h * blocks + b];
             cr_assert(fabsf(got - want) <= 1e-5f * want, "%s: head %d block %d: scale %.9g, want %.9g", label, h, b, got,
                       want);
-            for (int r = b * TEST_Q8_ROWS; r < (b + 1) * TEST_Q8_ROWS; r++)
+            for (int r = b * ROWS; r < (b + 1) * ROWS; r++) {
+                for (int c = HeadDim; c < (TRANSPOSE ? HeadDim : PITCH); c++) /* a padded row's bytes past d */
+                    cr_assert(X8[((size_t)h * Npad + r) * PITCH + c] == 0, "%s: head %d row %d byte %d past d: %#x, want 0",
+                              label, h, r, c, X8[((size_t)h * Npad + r) * PITCH + c]);
                 for (int c = 0; c < HeadDim; c++) {
                     /* where the kernel put element (r, c) */
                     const int p = (r & ~31) + [&] {
@@ -83,7 +88,7 @@ static void test_quantize(const char *label)
                             if (key_of_position(q) == (r & 31)) return q;
                         return -1;
                     }();
-                    const size_t at = TRANSPOSE ? ((size_t)h * HeadDim + c) * Npad + p : ((size_t)h * Npad + r) * HeadDim + c;
+                    const size_t at = TRANSPOSE ? ((size_t)h * HeadDim + c) * Npad + p : ((size_t)h * Npad + r) * PITCH + c;
                     const float x = r < N ? ref[((size_t)h * N + r) * HeadDim + c] : 0.0f;
                     const float y = e4m3_to_f32(X8[at]) * got;
                     /* half a step: 2^-4 relative for normals; 2^-10 of the scale in the subnormals */
@@ -91,6 +96,7 @@ static void test_quantize(const char *label)
                     cr_assert(fabsf(y - x) <= tol, "%s: head %d row %d col %d: decodes to %.9g, want %.9g (tolerance %g)",
                               label, h, r, c, y, x, tol);
                 }
+            }
         }
 }
 
@@ -101,3 +107,7 @@ Test(fp8_quant, qh_d128) { test_quantize<128, true, false>("Q d=128 Hadamard"); 
 Test(fp8_quant, qh_d256) { test_quantize<256, true, false>("Q d=256 Hadamard"); }
 Test(fp8_quant, v_d64) { test_quantize<64, false, true>("V d=64 transposed"); }
 Test(fp8_quant, v_d128) { test_quantize<128, false, true>("V d=128 transposed"); }
+Test(fp8_quant, stage19_qh_d64) { test_quantize<64, true, false, 64, 128>("Q d=64 Hadamard, 64-row blocks, rows of 128 bytes"); }
+Test(fp8_quant, stage19_k_d128) { test_quantize<128, false, false, 64>("K d=128, 64-row blocks"); }
+Test(fp8_quant, stage19_v_d64) { test_quantize<64, false, true, 64>("V d=64 transposed, 64-row blocks"); }
+Test(fp8_quant, stage19_v_d256) { test_quantize<256, false, true, 64>("V d=256 transposed, 64-row blocks"); }

@@ -2,7 +2,7 @@
  * fp32 scale per block of ROWS rows of a head, Q and K first multiplied by the random-sign Hadamard
  * matrix of incoherent processing (fp8.h), V written transposed and permuted for the FP8 wgmma.
  *
- * A scale is max|x| / 448 over its block (1 where the block is all zeros), so the block's largest
+ * A scale is max|x| / 448 over its block (all zeros: 1, or 2^-64 for V; the kernel says why), so the block's largest
  * element lands on e4m3's largest, 448, and x8 = e4m3(x / scale). Rows past N (the padding of the
  * last block) are zeros.
  *
@@ -122,7 +122,10 @@ fp8_quantize_kernel(const __half *__restrict__ X, uint8_t *__restrict__ X8, floa
     amax = 0.f;
 #pragma unroll
     for (int w = 0; w < WARPS; w++) amax = fmaxf(amax, warp_max[w]);
-    const float scale = amax > 0.f ? amax / 448.f : 1.f, inv = 1.f / scale;
+    /* an all-zero block: its x8 are zeros whatever the scale; 1 for Q and K, but for V a tiny one,
+     * since stage 19 folds V's scales into P against the head's largest (SV), which a 1 here would
+     * set far above the other blocks' (about max|V| / 448), pushing every P into e4m3's subnormals */
+    const float scale = amax > 0.f ? amax / 448.f : TRANSPOSE ? 0x1p-64f : 1.f, inv = 1.f / scale;
     if (threadIdx.x == 0) scales[head * (Npad / ROWS) + blockIdx.x] = scale;
 
     for (int r = r0 + warp; r < r0 + ROWS; r += WARPS) {
