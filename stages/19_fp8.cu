@@ -880,26 +880,28 @@ int launch(const struct attn_args *a, char *why, size_t n)
     return 0;
 }
 
-template <bool COUNT, bool ATTEND>
+/* head dim and counting build -> the kernel's template arguments; Cfg<HeadDim> is the configuration
+ * of each head dim (the stage's: cfg; an ablation may pass its own) */
+template <template <int> class Cfg, bool COUNT, bool ATTEND>
 int dispatch_d(const struct attn_args *a, char *why, size_t n)
 {
     switch (a->sh.d) {
-    case 64: return launch<cfg<64>, COUNT, ATTEND>(a, why, n);
-    case 128: return launch<cfg<128>, COUNT, ATTEND>(a, why, n);
-    case 256: return launch<cfg<256>, COUNT, ATTEND>(a, why, n);
+    case 64: return launch<Cfg<64>, COUNT, ATTEND>(a, why, n);
+    case 128: return launch<Cfg<128>, COUNT, ATTEND>(a, why, n);
+    case 256: return launch<Cfg<256>, COUNT, ATTEND>(a, why, n);
     }
     snprintf(why, n, "supports head dim 64, 128 or 256 (got d=%d)", a->sh.d);
     return ATTN_UNSUPPORTED;
 }
 
-template <bool ATTEND = true>
+template <template <int> class Cfg, bool ATTEND = true>
 int forward(const struct attn_args *a, char *why, size_t n)
 {
     if (a->dtype != DT_FP8) {
         snprintf(why, n, "supports fp8 only (got %s): the 16-bit forward is stage 18's", dtype_name(a->dtype));
         return ATTN_UNSUPPORTED;
     }
-    return a->counters ? dispatch_d<true, ATTEND>(a, why, n) : dispatch_d<false, ATTEND>(a, why, n);
+    return a->counters ? dispatch_d<Cfg, true, ATTEND>(a, why, n) : dispatch_d<Cfg, false, ATTEND>(a, why, n);
 }
 
 /* What the summary names: the tiles, the schedule, and the sections of heads for this shape. */
@@ -923,13 +925,14 @@ int tiles_of(const struct shape *sh, size_t limit, struct tile_config *c)
                        section_heads(sh, dev.l2_bytes));
 }
 
+template <template <int> class Cfg>
 int tiles_for(const struct attn_args *a, int backward, size_t limit, struct tile_config *c)
 {
     (void)backward; /* a forward only */
     switch (a->sh.d) {
-    case 64: return tiles_of<cfg<64>>(&a->sh, limit, c);
-    case 128: return tiles_of<cfg<128>>(&a->sh, limit, c);
-    case 256: return tiles_of<cfg<256>>(&a->sh, limit, c);
+    case 64: return tiles_of<Cfg<64>>(&a->sh, limit, c);
+    case 128: return tiles_of<Cfg<128>>(&a->sh, limit, c);
+    case 256: return tiles_of<Cfg<256>>(&a->sh, limit, c);
     }
     snprintf(c->text, sizeof c->text, "supports head dim 64, 128 or 256 (got d=%d)", a->sh.d);
     return ATTN_UNSUPPORTED;
@@ -941,7 +944,7 @@ extern "C" const struct stage stage19_desc = {
     .name = "stage19",
     .idea = "Hopper, FP8: e4m3 Q, K, V quantized per 64 rows (Q, K through a random-sign Hadamard), V^T for the 8-bit wgmma, P packed in registers",
     .device = ON_GPU,
-    .forward = forward<>,
+    .forward = forward<cfg>,
     .backward = NULL,
     .dims = {64, 128, 256},
     .dtypes = DT_FP8,
@@ -950,5 +953,5 @@ extern "C" const struct stage stage19_desc = {
     .hbm_traffic = hbm_bytes,
     .measures_backward = 0,
     .arch_sm = 90,
-    .tiles = tiles_for,
+    .tiles = tiles_for<cfg>,
 };

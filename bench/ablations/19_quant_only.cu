@@ -6,5 +6,9 @@
 #include "stages/19_fp8.cu"
 #include "common/ablation.h"
 
+namespace {
+int quant_only(const struct attn_args *a, char *why, size_t n) { return forward<cfg, false>(a, why, n); }
+} // namespace
+
 ABLATION(19_quant_only, stage19_desc, "stage19-quant-only", "stage 19's quantization kernels alone (O not written)",
-         forward<false>, NULL, NULL)
+         quant_only, NULL, NULL)
