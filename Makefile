@@ -1,6 +1,6 @@
 # FlashAttention, stage by stage. This Makefile holds the one list of stages.
 #   make stageN && ./stageN     build and run one stage (binary at the repository root)
-#   make all | deps | test | bench | bench-decode | bench-cpu | bench-ncu | plots | sanitize | gpu-suites | diffN | clean   (V=1 shows commands, DEBUG=1 -g + sanitizers)
+#   make all | deps | test | bench | bench-decode | bench-ring | bench-cpu | bench-ncu | plots | sanitize | gpu-suites | diffN | clean   (V=1 shows commands, DEBUG=1 -g + sanitizers)
 
 # ---- the stages: NN_slug, the file is stages/NN_slug.c (CPU) or .cu (GPU) ----
 CPU_STAGES := 01_naive 02_tiled_cpu 03_online_softmax
@@ -64,6 +64,44 @@ COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 HAVE_NVCC := $(shell command -v $(NVCC) 2>/dev/null)
 CRITERION_LIBS := $(shell pkg-config --libs criterion 2>/dev/null || echo -lcriterion)
 
+# ---- NCCL: stage 20 (ring attention across GPUs) needs it, and is built only where it is found ----
+# Looked for in this order, nccl.h in the first directory and libnccl.so (or .so.2) in the second:
+# NCCL_HOME (include/, lib/ or lib64/); the CUDA Toolkit's own, beside nvcc (include/, lib64/);
+# the distribution's package, libnccl-dev (/usr/include, /usr/lib/x86_64-linux-gnu); the copy a
+# PyTorch install carries, pip's nvidia-nccl-cu12/13 (site-packages/nvidia/nccl/include, lib/).
+# Elsewhere stage 20 is left out of all, test and sanitize with one line saying what to install.
+ifneq ($(HAVE_NVCC),)
+ifndef NCCL_DIRS
+NCCL_DIRS := $(shell cuda=$$(dirname "$$(dirname "$$(command -v $(NVCC))")"); \
+               py=$$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null); \
+               for pair in $(if $(NCCL_HOME),"$(NCCL_HOME)/include $(NCCL_HOME)/lib" "$(NCCL_HOME)/include $(NCCL_HOME)/lib64") \
+                           "$$cuda/include $$cuda/lib64" "/usr/include /usr/lib/x86_64-linux-gnu" \
+                           $${py:+"$$py/include $$py/lib"}; do \
+                 set -- $$pair; \
+                 if [ -f "$$1/nccl.h" ] && { [ -e "$$2/libnccl.so" ] || [ -e "$$2/libnccl.so.2" ]; }; then echo "$$1 $$2"; break; fi; \
+               done)
+export NCCL_DIRS
+endif
+endif
+NCCL_INC := $(word 1,$(NCCL_DIRS))
+NCCL_LIB := $(word 2,$(NCCL_DIRS))
+# -lnccl where the library has its development link (libnccl.so), else the runtime's file itself (pip's
+# wheel has libnccl.so.2 alone); an rpath where it is not in the linker's default path
+NCCL_LDFLAGS = $(if $(wildcard $(NCCL_LIB)/libnccl.so),-L$(NCCL_LIB) -lnccl,$(NCCL_LIB)/libnccl.so.2) \
+               $(if $(filter /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/lib,$(NCCL_LIB)),,-Xlinker -rpath -Xlinker $(NCCL_LIB))
+NCCL_MISSING := stage20: NCCL not found (install libnccl-dev, or pip install nvidia-nccl-cu13; or set NCCL_HOME): not built
+RING_STAGES := $(if $(NCCL_DIRS),20_ring)
+GPU_STAGES += $(RING_STAGES)
+ifeq ($(MAKELEVEL),0)
+ifneq ($(HAVE_NVCC),)
+ifeq ($(NCCL_DIRS),)
+ifneq ($(filter all test sanitize gpu-suites tests/attn_tests,$(or $(MAKECMDGOALS),all)),)
+$(info $(NCCL_MISSING))
+endif
+endif
+endif
+endif
+
 ifeq ($(DEBUG),1)
 # (with a GPU, AddressSanitizer needs ASAN_OPTIONS=protect_shadow_gap=0 next to the CUDA driver)
 CFLAGS += -g -O0 -fsanitize=address,undefined
@@ -102,8 +140,9 @@ bin = stage$(call num,$(1))
 CPU_BINS := $(foreach s,$(CPU_STAGES),$(call bin,$(s)))
 GPU_BINS := $(foreach s,$(GPU_STAGES),$(call bin,$(s)))
 DECODE_BINS := $(foreach s,$(DECODE_STAGES),$(call bin,$(s)))
-# the GPU stages on the benchmark grid
-GRID_BINS := $(filter-out $(DECODE_BINS),$(GPU_BINS))
+RING_BINS := $(foreach s,$(RING_STAGES),$(call bin,$(s)))
+# the GPU stages on the benchmark grid (the ring has its own: make bench-ring)
+GRID_BINS := $(filter-out $(DECODE_BINS) $(RING_BINS),$(GPU_BINS))
 
 COMMON_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard common/*.c))
 COMMON_OBJS := $(filter-out $(BUILD)/common/main.o,$(COMMON_OBJS))
@@ -111,6 +150,10 @@ CUDA_OBJS := $(BUILD)/common/cuda/runner.o
 REF_OBJ := $(BUILD)/stages/01_naive.o   # stage 1 is every stage's reference, linked into each
 LINK_WITH_stage10 := $(BUILD)/stages/09_pipelined.o   # stage 10's forward is stage 9's
 LINK_WITH_stage16 := $(BUILD)/stages/14_persistent.o  # stage 16's forward is stage 14's
+# stage 20's blocks are stage 14's on compute capability 9.0, stage 9's elsewhere; and it links NCCL
+LINK_WITH_stage20 := $(BUILD)/stages/09_pipelined.o $(BUILD)/stages/14_persistent.o
+LIBS_stage20 = $(NCCL_LDFLAGS)
+$(BUILD)/stages/20_ring.o: NVCCFLAGS += $(if $(filter /usr/include,$(NCCL_INC)),,-I$(NCCL_INC))
 TEST_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/*.c)) $(BUILD)/registry.o
 TEST_CUDA_OBJS := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard tests/*.cu))   # GPU-side tests, with nvcc only
 # compiled for sm_90a alone: the Hopper stages and the tests of their helpers (common/cuda/wgmma.cuh)
@@ -119,14 +162,14 @@ HOPPER_OBJS := $(foreach s,$(HOPPER_STAGES),$(BUILD)/stages/$(s).o) $(BUILD)/tes
 # stages the build can make here: GPU stages only where nvcc is installed
 ifneq ($(HAVE_NVCC),)
 BUILT_STAGES := $(CPU_STAGES) $(GPU_STAGES)
-TEST_LINK = $(NVCC) $(NVLINK) $(NVLDFLAGS) -o $@ $(OBJS_IN) $(CRITERION_LIBS) -lm
+TEST_LINK = $(NVCC) $(NVLINK) $(NVLDFLAGS) -o $@ $(OBJS_IN) $(CRITERION_LIBS) $(if $(RING_STAGES),$(NCCL_LDFLAGS)) -lm
 else
 BUILT_STAGES := $(CPU_STAGES)
 TEST_LINK = $(CC) $(OMP_LDFLAGS) $(LDFLAGS) -o $@ $(OBJS_IN) $(CRITERION_LIBS) -lm
 endif
 STAGE_OBJS := $(sort $(foreach s,$(BUILT_STAGES),$(BUILD)/stages/$(s).o))
 
-.PHONY: deps deps-test deps-plots all ablations ablate test bench bench-decode bench-cpu bench-ncu plots sanitize gpu-suites clean FORCE
+.PHONY: deps deps-test deps-plots all ablations ablate test bench bench-ring bench-decode bench-cpu bench-ncu plots sanitize gpu-suites clean FORCE
 all: $(foreach s,$(BUILT_STAGES),$(call bin,$(s))) tests/attn_tests
 
 # ---- compiling ----
@@ -186,7 +229,7 @@ ifneq ($(HAVE_NVCC),)
 $(call bin,$(1)): $(BUILD)/main_$(call bin,$(1)).o $(BUILD)/stages/$(1).o $(LINK_WITH_$(call bin,$(1))) $(REF_OBJ) $(COMMON_OBJS) $(CUDA_OBJS) \
                   $(FLAVOR_STAMP)
 	@$(if $(Q),echo "  LD    $$@")
-	$(Q)$(NVCC) $(NVLINK) $(NVLDFLAGS) -o $$@ $$(OBJS_IN) -lm
+	$(Q)$(NVCC) $(NVLINK) $(NVLDFLAGS) -o $$@ $$(OBJS_IN) $$(LIBS_$(call bin,$(1))) -lm
 else
 $(call bin,$(1)):
 	@echo "$$@ is a GPU stage: it needs nvcc, the CUDA Toolkit's compiler (https://developer.nvidia.com/cuda-downloads)," \
@@ -195,6 +238,10 @@ endif
 endef
 $(foreach s,$(CPU_STAGES),$(eval $(call cpu_stage,$(s))))
 $(foreach s,$(GPU_STAGES),$(eval $(call gpu_stage,$(s))))
+ifeq ($(RING_STAGES),)
+stage20:
+	@echo "$(if $(HAVE_NVCC),$(NCCL_MISSING),stage20 is a GPU stage: it needs nvcc, the CUDA Toolkit's compiler)" >&2; exit 2
+endif
 
 # ---- ablations: a stage's kernel with one piece taken out (bench/ablations/NN_what.cu, which
 # includes stages/NN_*.cu; common/ablation.h), built here and timed beside the stage by
@@ -302,6 +349,13 @@ SANITIZE_BASE_stage15 := "--seqlen 1 --kv-len 1 --dim 64 --kv-heads 2" "--seqlen
                          "--seqlen 1 --kv-len 777 --dim 128 --kv-heads 1 --splits 1" \
                          "--seqlen 3 --kv-len 200 --dim 64 --kv-heads 1 --splits 40" \
                          "--seqlen 1 --kv-len 5000 --dim 128 --kv-heads 1 --splits 65"
+# stage 20: P ranks sharing the one GPU over the copy transport (tails of the 2P chunks, empty
+# chunks at N = 1, the ragged chunk of a full problem cut into pieces, bf16)
+SANITIZE_BASE_stage20 := "--gpus 2 --transport copy --seqlen 1 --dim 64" \
+                         "--gpus 2 --transport copy --seqlen 100 --dim 64 --causal" \
+                         "--gpus 4 --transport copy --seqlen 77 --dim 128" \
+                         "--gpus 4 --transport copy --seqlen 130 --dim 128 --causal --batch 2 --heads 3" \
+                         "--gpus 4 --transport copy --seqlen 1000 --dim 64 --dtype bf16 --causal"
 # The runs go to tests/sanitize.sh, which makes SANITIZE_JOBS of them at a time, every one even
 # after a failure, prints each output whole as the run ends, then a summary line.
 SANITIZE_JOBS ?= 4
@@ -331,6 +385,12 @@ bench: $(GRID_BINS)
 # backends measured in the same run, appended to bench/data/<gpu>_decode.csv
 bench-decode: $(DECODE_BINS) bench/copy_bw
 	FA_COMMIT=$(COMMIT) STAGES="$(DECODE_BINS)" bench/bench_decode.sh
+
+# across GPUs: stage 20 on P = 2, 4, 8 GPUs (as many as there are) at N = 128k .. 1M, beside its
+# weak-scaling baseline on one GPU (bench/bench_ring.sh says which), appended to
+# bench/data/<gpu>x<P>_ring.csv with the columns gpus and efficiency
+bench-ring: $(RING_BINS)
+	@$(if $(RING_BINS),FA_COMMIT=$(COMMIT) bench/bench_ring.sh,echo "$(NCCL_MISSING)" >&2; exit 2)
 
 # the yardstick of a memory-bound stage: device-to-device cudaMemcpy bandwidth (bench/copy_bw.cu)
 bench/copy_bw: bench/copy_bw.cu common/cuda/l2_flush.cuh common/cuda/mma.cuh common/cuda/cuda_check.h common/cuda/tma.cuh

@@ -64,7 +64,16 @@ struct attn_args {
     /* --counters: device memory for N_COUNTERS tallies, zeroed, which the stage's kernel adds
      * the work it did to (a counting instantiation of the kernel); NULL in every timed run. */
     unsigned long long *counters;
+    /* ---- a multi-rank stage (stage 20; struct rank_hooks below): 0 and NULL for any other ---- */
+    int gpus;                /* --gpus P: the ranks; 0: one per visible device */
+    int transport;           /* enum transport: how a block goes to the next rank (--transport) */
+    void *rank_state;        /* what the stage's rank_hooks.setup made (per-rank buffers, streams,
+                              * communicators); its forward reads and writes those, not Q..L */
 };
+
+/* --transport: how a multi-rank stage passes a block to the next rank. TRANSPORT_AUTO: NCCL where
+ * every rank has a device of its own (P <= devices), else the copy. */
+enum transport { TRANSPORT_AUTO, TRANSPORT_NCCL, TRANSPORT_COPY };
 
 /* What a stage's kernel counts with --counters: the non-matmul work it does on O. */
 enum counter {
@@ -141,6 +150,29 @@ struct stage {
      * the tiles in the summary and to refuse a problem no configuration fits before any launch.
      * NULL: the stage does not say (it still refuses a tile too large, at launch). */
     int (*tiles)(const struct attn_args *a, int backward, size_t smem_limit, struct tile_config *c) STAGE_FIELD_DEFAULT;
+    /* A multi-rank stage (--gpus, --transport): its hooks, which the harness calls around its runs
+     * (struct rank_hooks); NULL: one device, as every other stage. */
+    const struct rank_hooks *ranks STAGE_FIELD_DEFAULT;
+};
+
+/* A stage whose ranks hold parts of the problem on devices of their own (stage 20: ring attention
+ * over P GPUs). The harness owns the transfers, so it calls these around the usual runs:
+ *   setup    once, after Q, K, V are on device 0 (a->Q, a->K, a->V) and before the checked run:
+ *            allocates each rank's buffers on its device, makes the streams and communicators,
+ *            scatters the inputs into the ranks' parts, keeps all of it in a->rank_state;
+ *   forward  (the descriptor's) then works from those per-rank buffers alone: the timed region is
+ *            the ranks' work and their transfers, no allocation, no host copy; it returns with
+ *            device 0's default stream waiting on every rank, so the harness's events time all;
+ *   collect  after a checked run, outside any timing: each rank's O and L into a->O and a->L;
+ *   report   after the timed runs: lines for the summary (a line per rank, one for the whole);
+ *   teardown last, frees what setup made (a->rank_state NULL again).
+ * setup and collect return 0, ATTN_UNSUPPORTED (P or the transport refused: exit 2) or
+ * ATTN_CUDA_ERROR, with the reason in why. */
+struct rank_hooks {
+    int (*setup)(struct attn_args *a, char *why, size_t n);
+    int (*collect)(const struct attn_args *a, char *why, size_t n);
+    void (*report)(const struct attn_args *a, char *text, size_t n);
+    void (*teardown)(struct attn_args *a);
 };
 
 /* FLOPs as the FA2 paper counts them: 4*B*H*N^2*d for the forward, halved when causal;

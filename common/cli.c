@@ -15,22 +15,26 @@
 
 /* ---- which options a stage takes ---- */
 
-enum takes { ANY_STAGE, GPU_STAGE, GPU_FORWARD, BACKWARD, SPLIT_KV, FP8_STAGE };
+enum takes { ANY_STAGE, GPU_STAGE, GPU_FORWARD, BACKWARD, SPLIT_KV, FP8_STAGE, MULTI_RANK };
 
 /* --splits S: at most this many slices of the keys (a split-KV stage's own rule picks a few per SM;
  * more than the keys' tiles leaves some slices empty, which the merge weighs at zero) */
 #define MAX_SPLITS 1024
+/* --gpus P: at most this many ranks (a host has 8 or 16 GPUs; more, simulated on one GPU by the
+ * copy transport, only cuts each rank's part thinner) */
+#define MAX_RANKS 64
 
 static int stage_takes(const struct stage *st, enum takes t)
 {
     switch (t) {
     case ANY_STAGE: return 1;
     case GPU_STAGE: return st->device == ON_GPU;
-    /* its kernel has a counting build (a split-KV stage's kernels have none) */
-    case GPU_FORWARD: return st->device == ON_GPU && !st->measures_backward && !st->kv_splits;
+    /* its kernel has a counting build (a split-KV stage's kernels have none, nor a multi-rank one) */
+    case GPU_FORWARD: return st->device == ON_GPU && !st->measures_backward && !st->kv_splits && !st->ranks;
     case BACKWARD: return st->measures_backward;
     case SPLIT_KV: return st->kv_splits != NULL;
     case FP8_STAGE: return (st->dtypes & DT_FP8) != 0; /* --hadamard: how it quantizes */
+    case MULTI_RANK: return st->ranks != NULL;         /* --gpus, --transport: its ranks */
     }
     return 0;
 }
@@ -49,6 +53,7 @@ static const struct option_def {
     {"--save", 1, ANY_STAGE},          {"--help", 0, ANY_STAGE},          {"-h", 0, ANY_STAGE},
     {"--kv-len", 1, ANY_STAGE},      {"--kv-heads", 1, ANY_STAGE},      {"--splits", 1, SPLIT_KV},
     {"--outliers", 1, ANY_STAGE},    {"--hadamard", 1, FP8_STAGE},
+    {"--gpus", 1, MULTI_RANK},       {"--transport", 1, MULTI_RANK},
 };
 
 static const struct option_def *find_option(const struct stage *st, const char *name)
@@ -130,6 +135,11 @@ static void usage(const struct stage *st, const struct opts *def, FILE *f)
     if (stage_takes(st, FP8_STAGE))
         fprintf(f, "  --hadamard 0|1     fp8: multiply Q and K by a random-sign Hadamard matrix before quantizing\n"
                    "                     (incoherent processing; default 1)\n");
+    if (stage_takes(st, MULTI_RANK))
+        fprintf(f, "  --gpus P           ranks, each holding 1/P of Q, K and V (1 to %d; default: one per visible GPU)\n"
+                   "  --transport T      how a K/V block goes to the next rank: nccl (each rank a GPU of its own,\n"
+                   "                     P <= GPUs) or copy (device-to-device copies: every rank on GPU 0);\n"
+                   "                     default nccl where P <= GPUs, else copy\n", MAX_RANKS);
     if (stage_takes(st, GPU_STAGE)) fprintf(f, "  --flush-l2         empty the L2 cache (read a buffer twice its size) before every timed run\n");
     if (stage_takes(st, GPU_FORWARD))
         fprintf(f, "  --counters         run the kernel's counting build once more and print the work on O\n"
@@ -256,6 +266,14 @@ int parse_opts(const struct stage *st, int argc, char **argv, struct opts *o, in
         else if (!strcmp(name, "--kv-len")) err = parse_int(val, 1, 1 << 24, &o->sh.N_kv), o->shape_given |= SHAPE_GIVEN_NKV;
         else if (!strcmp(name, "--kv-heads")) err = parse_int(val, 1, 1 << 16, &o->sh.H_kv), o->shape_given |= SHAPE_GIVEN_HKV;
         else if (!strcmp(name, "--splits")) err = parse_int(val, 1, MAX_SPLITS, &o->sh.splits);
+        else if (!strcmp(name, "--gpus")) {
+            if (parse_int(val, 1, MAX_RANKS, &o->gpus))
+                return bad(st, "--gpus %s: expected a number of ranks from 1 to %d", val, MAX_RANKS);
+        } else if (!strcmp(name, "--transport")) {
+            if (!strcmp(val, "nccl")) o->transport = TRANSPORT_NCCL;
+            else if (!strcmp(val, "copy")) o->transport = TRANSPORT_COPY;
+            else return bad(st, "--transport %s: expected nccl or copy", val);
+        }
         else if (!strcmp(name, "--warmup")) err = parse_int(val, 0, 1000000, &o->warmup);
         else if (!strcmp(name, "--iters")) err = parse_int(val, 1, 1000000, &o->iters);
         else if (!strcmp(name, "--seed")) {

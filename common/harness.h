@@ -29,6 +29,8 @@ struct opts {
     int counters;         /* GPU: one more run with the kernel's counting build, counts printed */
     int deterministic;    /* backward: --deterministic */
     int hadamard;         /* fp8: --hadamard (default 1); 0 in any other dtype */
+    int gpus;             /* a multi-rank stage: --gpus P (0: one rank per visible device) */
+    int transport;        /* a multi-rank stage: --transport (enum transport; default TRANSPORT_AUTO) */
     float outliers;       /* --outliers F: OUTLIER_CHANNELS channels of Q and K times F (1: none) */
     int softmax_scale_set;/* --softmax-scale given (else 1/sqrt(d), recomputed when --load sets d) */
     unsigned shape_given; /* SHAPE_GIVEN_* bits: the shape flags on the command line (--load checks them) */
@@ -160,6 +162,7 @@ struct result {
     char arch[64];            /* GPU: its architecture and the code running on it, "sm_90" or
                                * "sm_90, running compute_75 PTX" (the summary shows it) */
     char tiles[288];          /* GPU: the stage's tiles and their shared memory (stage.tiles), or "" */
+    char ranks[2048];         /* a multi-rank stage: its report (rank_hooks.report), lines after the summary */
     double ms_median, ms_min;
     double max_err;           /* vs the reference; negative when not checked */
     const char *check;        /* "pass", "fail" or "skip" */
@@ -218,6 +221,11 @@ int gpu_run_stage(const struct stage *st, const struct opts *o, const float *Q, 
 int gpu_forward_host(const struct stage *st, const struct shape *sh, enum dtype dt, int hadamard,
                      const float *Q, const float *K, const float *V, float *O, float *L,
                      unsigned long long *counts, char *why, size_t n) __attribute__((weak));
+/* gpu_forward_host for a multi-rank stage (st->ranks): P ranks (0: one per device) over `transport`
+ * (enum transport); gpu_forward_host is this with 0 and TRANSPORT_AUTO. */
+int gpu_forward_ranks_host(const struct stage *st, const struct shape *sh, enum dtype dt, int gpus, int transport,
+                           const float *Q, const float *K, const float *V, float *O, float *L, char *why,
+                           size_t n) __attribute__((weak));
 /* A backward stage on the device: its forward once (O, L), then its backward; `deterministic` as
  * --deterministic. gpu_run_backward also warms up and times the backward into `r`, and brings the
  * forward's O and L back too where O and L are not NULL (--save). */

@@ -72,6 +72,7 @@ void print_summary(FILE *f, const struct result *r)
     else
         fprintf(f, "%.2f GFLOP/s | extra %s | %d thread%s%s\n", tflops(r) * 1e3, extra, r->threads,
                 r->threads == 1 ? "" : "s", built_with_openmp() ? "" : " (built without OpenMP)");
+    fputs(r->ranks, f); /* a multi-rank stage: its lines, the whole and then each rank */
 }
 
 /* kv_len and kv_heads: the KV cache (seqlen and heads again for self-attention); splits: the

@@ -39,6 +39,7 @@
 #include "common/cuda/cuda_check.h"
 #include "common/cuda/defs.cuh"
 #include "common/cuda/launch.cuh"
+#include "common/cuda/merge.cuh"
 #include "common/cuda/mma.cuh"
 #include "common/cuda/softmax.cuh"
 #include "common/cuda/swizzle.cuh"
@@ -157,7 +158,7 @@ int with_tiles(int d, size_t limit, char *why, size_t n, F &&f)
 /* The merge of the S slices of `rows` rows (row0 .. row0 + rows - 1 of O and L; rows <= Br), by
  * the block's NTHREADS threads, from the partials every slice's block wrote:
  *   m = max_s L_s,  w_s = exp(L_s - m)  ( = l_s exp(m_s - m), the share of slice s; 0 for -inf)
- *   O = sum_s w_s O_s / sum_s w_s,  L = m + log sum_s w_s
+ *   O = sum_s w_s O_s / sum_s w_s,  L = m + log sum_s w_s   (lse_weight, lse_merged: merge.cuh)
  * The partials are read with __ldcg (ld.global.cg: from L2, never L1). The other blocks wrote them
  * through L2, and this SM's L1 may hold lines of the workspace from before (a block that ran here
  * earlier, or the previous call): an ordinary load could hit such a stale line. */
@@ -189,14 +190,14 @@ __device__ __forceinline__ void merge_slices(const float *O_part, const float *L
         for (int off = PER_ROW / 2; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(FULL_MASK, m, off));
         float l = 0.f;
         for (int s = part; s < S; s += PER_ROW) { /* w_s = exp(L_s - m); a row of -inf only: all 0 */
-            const float e = m == -INFINITY ? 0.f : exp2_approx((w[s * Br + r] - m) * LOG2E);
+            const float e = lse_weight(w[s * Br + r], m);
             w[s * Br + r] = e;
             l += e;
         }
 #pragma unroll
         for (int off = PER_ROW / 2; off > 0; off /= 2) l += __shfl_xor_sync(FULL_MASK, l, off);
         if (part == 0) m_r[r] = m, inv_l_r[r] = l > 0.f ? 1.f / l : 0.f;
-        if (part == 0 && r < rows) L[row0 + r] = m == -INFINITY ? -INFINITY : m + logf(l); /* nats */
+        if (part == 0 && r < rows) L[row0 + r] = lse_merged(m, l); /* nats */
     }
     __syncthreads(); /* every weight, m and 1 / l in shared memory */
     Tiles::Probe::at(AT_MERGE_W);

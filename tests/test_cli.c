@@ -264,6 +264,15 @@ static const struct test_bad_cli test_bad_cases[] = {
     {"./stage15", {"--heads", "12"}, TEST_NO_LOAD, "multiple of --kv-heads", 0}, /* its default: 8 KV heads */
     {"./stage15", {"--counters"}, TEST_NO_LOAD, "unknown option --counters", 0},
     {"./stage15", {"--seqlen", "8", "--kv-len", "4", "--causal"}, TEST_NO_LOAD, "at least --seqlen", 0},
+    /* --gpus, --transport: a multi-rank stage's (stage 20) alone; 1 to 64 ranks, nccl or copy */
+    {"./stage20", {"--gpus", "0"}, TEST_NO_LOAD, "--gpus 0", 0},
+    {"./stage20", {"--gpus", "65"}, TEST_NO_LOAD, "--gpus 65", 0},
+    {"./stage20", {"--gpus", "two"}, TEST_NO_LOAD, "--gpus two", 0},
+    {"./stage20", {"--transport", "mpi"}, TEST_NO_LOAD, "--transport mpi", 0},
+    {"./stage20", {"--counters"}, TEST_NO_LOAD, "unknown option --counters", 0},
+    {"./stage20", {"--kv-len", "100"}, TEST_NO_LOAD, "self-attention only", 0},
+    {"./stage9", {"--gpus", "2"}, TEST_NO_LOAD, "unknown option --gpus", 0},
+    {"./stage3", {"--transport", "copy"}, TEST_NO_LOAD, "unknown option --transport", 0},
 };
 
 ParameterizedTestParameters(cli, bad_usage_exits_2)

@@ -36,11 +36,15 @@ static inline const char *smem_cap_words(size_t limit)
 template <typename Kernel>
 static int smem_optin(Kernel *kernel, size_t bytes, int d, char *why, size_t n)
 {
-    /* kernels already opted in, with the size they asked for (a stage has a few dozen) */
-    static struct { const void *kernel; size_t bytes; } done[128];
+    /* kernels already opted in, with the size they asked for (a stage has a few dozen), on which
+     * device: the attribute is the device's own, and a multi-rank stage (stage 20) launches the
+     * same kernel on several */
+    static struct { const void *kernel; size_t bytes; int dev; } done[128];
     static int n_done = 0;
+    int dev = 0;
+    CUDA_TRY(cudaGetDevice(&dev));
     for (int k = 0; k < n_done; k++)
-        if (done[k].kernel == (const void *)kernel && done[k].bytes >= bytes) return 0;
+        if (done[k].kernel == (const void *)kernel && done[k].bytes >= bytes && done[k].dev == dev) return 0;
     const size_t limit = gpu_smem_limit();
     if (bytes > limit) {
         snprintf(why, n, "d=%d needs %zu.%zu KiB of shared memory per block; this device allows %zu KiB%s", d,
@@ -48,7 +52,7 @@ static int smem_optin(Kernel *kernel, size_t bytes, int d, char *why, size_t n)
         return ATTN_UNSUPPORTED;
     }
     CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-    if (n_done < 128) done[n_done++] = {(const void *)kernel, bytes};
+    if (n_done < 128) done[n_done++] = {(const void *)kernel, bytes, dev};
     return 0;
 }
 

@@ -219,6 +219,7 @@ extern "C" int gpu_arch_check(int arch_sm, const char *who, char *why, size_t n)
 struct gpu_problem {
     struct dbuf Q, K, V, O, L, work;
     struct attn_args args;
+    const struct rank_hooks *ranks; /* a multi-rank stage's hooks (ranks_setup), else NULL */
 };
 
 static struct dbuf upload(const float *x, size_t n, enum dtype dt)
@@ -263,10 +264,23 @@ static void problem_init(struct gpu_problem *g, const struct stage *st, const st
     if (g->work.p) CUDA_CHECK(cudaMemset(g->work.p, 0, g->work.bytes));
     g->args.Q = g->Q.p, g->args.K = g->K.p, g->args.V = g->V.p;
     g->args.O = g->O.p, g->args.L = (float *)g->L.p, g->args.work = g->work.p;
+    g->ranks = NULL;
+}
+
+/* A multi-rank stage: its ranks set up on their devices from the problem's inputs (struct
+ * rank_hooks), P = gpus (0: one per device) over `transport`, before any run. 0 for any other. */
+static int ranks_setup(const struct stage *st, struct gpu_problem *g, int gpus, int transport, char *why, size_t n)
+{
+    if (!st->ranks) return 0;
+    g->args.gpus = gpus, g->args.transport = transport;
+    g->ranks = st->ranks; /* problem_free tears down what setup made, even where it failed halfway */
+    if (int rc = st->ranks->setup(&g->args, why, n)) return stage_failed(st, rc, why, n);
+    return 0;
 }
 
 static void problem_free(struct gpu_problem *g)
 {
+    if (g->ranks) g->ranks->teardown(&g->args); /* it leaves device 0 current */
     struct dbuf *all[] = {&g->Q, &g->K, &g->V, &g->O, &g->L, &g->work};
     for (struct dbuf *b : all) dbuf_free(b);
 }
@@ -295,6 +309,9 @@ static int checked_run(const struct stage *st, struct gpu_problem *g, float *O, 
     CUDA_CHECK(cudaMemset(g->O.p, 0xff, g->O.bytes));
     CUDA_CHECK(cudaMemset(g->L.p, 0xff, g->L.bytes));
     if (int rc = st->forward(&g->args, why, n)) return stage_failed(st, rc, why, n);
+    /* a multi-rank stage: its ranks' O and L gathered into the problem's (outside any timing) */
+    if (g->ranks)
+        if (int rc = g->ranks->collect(&g->args, why, n)) return stage_failed(st, rc, why, n);
     CUDA_CHECK(cudaDeviceSynchronize()); /* errors inside the kernel surface here */
     download(O, &g->O, shape_elems(&g->args.sh), g->args.dtype);
     download(L, &g->L, shape_rows(&g->args.sh), DT_F32);
@@ -316,18 +333,33 @@ static int counted_run(const struct stage *st, struct gpu_problem *g, float *O, 
     return rc;
 }
 
-extern "C" int gpu_forward_host(const struct stage *st, const struct shape *sh, enum dtype dt, int hadamard,
-                                const float *Q, const float *K, const float *V, float *O, float *L,
-                                unsigned long long *counts, char *why, size_t n)
+static int forward_host(const struct stage *st, const struct shape *sh, enum dtype dt, int hadamard, int gpus,
+                        int transport, const float *Q, const float *K, const float *V, float *O, float *L,
+                        unsigned long long *counts, char *why, size_t n)
 {
     if (gpu_available(why, n) || gpu_arch_check(st->arch_sm, st->name, why, n)) return EXIT_NO_DEVICE;
     if (gpu_dtype_check(dt, st->name, why, n)) return EXIT_USAGE;
     struct gpu_problem g;
     problem_init(&g, st, sh, dt, 0, hadamard, Q, K, V);
-    int rc = first_call(st, &g, why, n);
+    int rc = ranks_setup(st, &g, gpus, transport, why, n);
+    if (!rc) rc = first_call(st, &g, why, n);
     if (!rc) rc = counts ? counted_run(st, &g, O, L, counts, why, n) : checked_run(st, &g, O, L, why, n);
     problem_free(&g);
     return rc;
+}
+
+extern "C" int gpu_forward_host(const struct stage *st, const struct shape *sh, enum dtype dt, int hadamard,
+                                const float *Q, const float *K, const float *V, float *O, float *L,
+                                unsigned long long *counts, char *why, size_t n)
+{
+    return forward_host(st, sh, dt, hadamard, 0, TRANSPORT_AUTO, Q, K, V, O, L, counts, why, n);
+}
+
+extern "C" int gpu_forward_ranks_host(const struct stage *st, const struct shape *sh, enum dtype dt, int gpus,
+                                      int transport, const float *Q, const float *K, const float *V, float *O,
+                                      float *L, char *why, size_t n)
+{
+    return forward_host(st, sh, dt, 0, gpus, transport, Q, K, V, O, L, NULL, why, n);
 }
 
 /* The rest of the warm-up (the checked run was the first), then o->iters runs of fn, each between
@@ -384,7 +416,8 @@ extern "C" int gpu_run_stage(const struct stage *st, const struct opts *o, const
     struct gpu_problem g;
     problem_init(&g, st, &o->sh, o->dtype, 0, o->hadamard, Q, K, V);
     r->extra_bytes = g.work.bytes;
-    int rc = first_call(st, &g, why, sizeof why);
+    int rc = ranks_setup(st, &g, o->gpus, o->transport, why, sizeof why);
+    if (!rc) rc = first_call(st, &g, why, sizeof why);
     if (!rc) rc = checked_run(st, &g, O, L, why, sizeof why); /* the checked run is the first warm-up */
     if (rc) {
         fprintf(stderr, "%s\n", why);
@@ -392,6 +425,7 @@ extern "C" int gpu_run_stage(const struct stage *st, const struct opts *o, const
         return rc;
     }
     timed_runs(st->forward, &g.args, o, &info, r);
+    if (g.ranks) g.ranks->report(&g.args, r->ranks, sizeof r->ranks); /* a line per rank, one for all */
 
     /* --counters: after the timed runs, the counting build once, into scratch host outputs (the
      * checked O and L above stay what the harness checks) */
