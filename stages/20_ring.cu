@@ -282,12 +282,15 @@ int pass_on(struct ring *g, int s, char *why, size_t n)
     }
     if (g->transport == TRANSPORT_NCCL) {
         NCCL_TRY(ncclGroupStart()); /* one process drives every rank: all sends and receives in one group */
-        for (int r = 0; r < P; r++) {
+        ncclResult_t res = ncclSuccess;
+        for (int r = 0; r < P && res == ncclSuccess; r++) {
             struct rank *rk = &g->ranks[r];
-            NCCL_TRY(ncclSend(block_at(rk, s), bytes, ncclUint8, (r + 1) % P, rk->nccl, rk->comm));
-            NCCL_TRY(ncclRecv(rk->ring[(s + 1) % 2], bytes, ncclUint8, (r + P - 1) % P, rk->nccl, rk->comm));
+            res = ncclSend(block_at(rk, s), bytes, ncclUint8, (r + 1) % P, rk->nccl, rk->comm);
+            if (res == ncclSuccess) res = ncclRecv(rk->ring[(s + 1) % 2], bytes, ncclUint8, (r + P - 1) % P, rk->nccl, rk->comm);
         }
-        NCCL_TRY(ncclGroupEnd());
+        const ncclResult_t end = ncclGroupEnd(); /* the group closed even after a failed call in it */
+        NCCL_TRY(res);
+        NCCL_TRY(end);
     } else {
         /* every rank on GPU 0: rank r's block copied into rank r + 1's buffer, on r + 1's stream (the
          * receiver's, as NCCL's receive), once it is there to read: r received it at step s - 1, on
@@ -450,7 +453,7 @@ int setup(struct attn_args *a, char *why, size_t n)
     blk_args.sh.N = g->c;
     const size_t work = g->blk->workspace_bytes ? g->blk->workspace_bytes(&blk_args) : 0;
     const size_t C = g->chunk * g->esize, rowsL = heads * g->c * sizeof(float);
-    if (transport == TRANSPORT_NCCL) {
+    if (transport == TRANSPORT_NCCL && P > 1) { /* (one rank sends nothing: no communicator) */
         std::vector<int> devs(P);
         std::vector<ncclComm_t> comms(P);
         for (int r = 0; r < P; r++) devs[r] = r;
@@ -461,7 +464,11 @@ int setup(struct attn_args *a, char *why, size_t n)
         struct rank *rk = &g->ranks[r];
         rk->dev = transport == TRANSPORT_NCCL ? r : 0;
         CUDA_TRY(cudaSetDevice(rk->dev));
-        CUDA_TRY(cudaStreamCreateWithFlags(&rk->comm, cudaStreamNonBlocking));
+        /* the transfers' stream at the device's highest priority: stage 14's blocks fill every SM,
+         * and a NCCL kernel waiting behind the next block call would not hide under it */
+        int least = 0, greatest = 0;
+        CUDA_TRY(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+        CUDA_TRY(cudaStreamCreateWithPriority(&rk->comm, cudaStreamNonBlocking, greatest));
         cudaEvent_t *quiet[4] = {&rk->computed, &rk->arrived[0], &rk->arrived[1], &rk->forwarded};
         for (cudaEvent_t *e : quiet) CUDA_TRY(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
         CUDA_TRY(cudaEventCreate(&rk->begin));
@@ -475,6 +482,10 @@ int setup(struct attn_args *a, char *why, size_t n)
         if (int rc = alloc((void **)&rk->L_s, 2 * rowsL, why, n)) return rc;
         if (int rc = alloc((void **)&rk->O_acc, 2 * g->chunk * sizeof(float), why, n)) return rc;
         if (int rc = alloc((void **)&rk->L_acc, 2 * rowsL, why, n)) return rc;
+        /* (a chunk wholly past N is never merged into: zeros, not uninitialized memory, go to the
+         * final conversion) */
+        CUDA_TRY(cudaMemset(rk->O_acc, 0, 2 * g->chunk * sizeof(float)));
+        CUDA_TRY(cudaMemset(rk->L_acc, 0, 2 * rowsL));
         if (int rc = alloc((void **)&rk->L, 2 * rowsL, why, n)) return rc;
         /* outputs poisoned (NaN): a row the ring never writes fails the check */
         CUDA_TRY(cudaMemset(rk->O, 0xff, 2 * C));
@@ -492,6 +503,12 @@ int setup(struct attn_args *a, char *why, size_t n)
             if (int rc = chunk_copy(g, ptr(rk->own, h * C), host[1].data(), k, 1, why, n)) return rc;
             if (int rc = chunk_copy(g, ptr(rk->own, (2 + h) * C), host[2].data(), k, 1, why, n)) return rc;
         }
+    }
+    /* every rank's uploads and zeroing done before the first ring: the comm streams of devices
+     * other than 0 wait only on device 0's begin event, not on their own device's default stream */
+    for (int r = 0; r < P; r++) {
+        CUDA_TRY(cudaSetDevice(g->ranks[r].dev));
+        CUDA_TRY(cudaDeviceSynchronize());
     }
     CUDA_TRY(cudaSetDevice(0));
     CUDA_TRY(cudaEventCreateWithFlags(&g->begin, cudaEventDisableTiming));

@@ -86,12 +86,18 @@ ParameterizedTest(struct test_ring_case *c, ring, vs_reference, .timeout = 120)
     test_ring_vs_reference(c, TRANSPORT_COPY);
 }
 
+/* bf16 and several heads; then bf16 with padding and ragged chunks at d = 256 (stage 14's third
+ * kernel), and d = 32 (stage 9's path, which the ring takes where stage 14 has no kernel) */
 ParameterizedTestParameters(ring, bf16_and_heads)
 {
-    struct test_ring_case *p = cr_malloc(2 * sizeof *p);
-    for (int causal = 0; causal < 2; causal++)
-        p[causal] = (struct test_ring_case){3, test_shape(2, 3, 300, 64, causal), DT_BF16};
-    return cr_make_param_array(struct test_ring_case, p, 2, test_free_params);
+    struct test_ring_case *p = cr_malloc(6 * sizeof *p);
+    size_t count = 0;
+    for (int causal = 0; causal < 2; causal++) {
+        p[count++] = (struct test_ring_case){3, test_shape(2, 3, 300, 64, causal), DT_BF16};
+        p[count++] = (struct test_ring_case){4, test_shape(1, 2, 37, 256, causal), DT_BF16};
+        p[count++] = (struct test_ring_case){2, test_shape(1, 2, 37, 32, causal), DT_F16};
+    }
+    return cr_make_param_array(struct test_ring_case, p, count, test_free_params);
 }
 
 ParameterizedTest(struct test_ring_case *c, ring, bf16_and_heads, .timeout = 120)
