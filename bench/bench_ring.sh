@@ -2,7 +2,8 @@
 # bench_ring.sh: stage 20 (ring attention) across P GPUs, weak scaling. For each P in GPU_COUNTS
 # (those of 2, 4, 8 that this machine has) and each N in SEQLENS, causal and not, B = 1, H = HEADS,
 # d = DIM, fp16, two runs of stage20:
-#   - the ring: ./stage20 --gpus P --transport nccl --seqlen N (each rank a GPU of its own);
+#   - the ring: ./stage20 --gpus P --seqlen N (each rank a GPU of its own: NCCL, the stage's own
+#     choice where P GPUs are there; a P beyond this machine's GPUs is skipped);
 #   - the baseline, one GPU on 1/P of the work: the single-GPU forward the ring calls per block
 #     (BASE: stage14 on Hopper, stage9 elsewhere) at N1 = N / sqrt(P) rounded to a multiple of 128,
 #     so that N1^2 = N^2 / P: the FLOPs of one rank's share (causal or not, the same 1/P), with no

@@ -26,9 +26,10 @@
  *   seen only by padded queries, whose rows are dropped; without it, a chunk of t < c real keys is
  *   called with N = t, the Q chunk cut into pieces of t rows (ragged_call).
  * Why: one GPU holds O(N) of attention's memory but spends O(N^2) time: at N = 1M, d = 128, 16
- *   heads, a causal forward is 8.8 PFLOP, ~20 s on one H200. P GPUs cut it P ways if each step's
- *   transfer of 2 c d bytes per head (K and V) hides under its 8 c^2 d FLOPs: c > ~ 2 FLOP/byte
- *   ratio of compute to link bandwidth (notes/20_ring.md works it out).
+ *   heads, a causal forward is 4.5 PFLOP, about 7.5 s on one H200 at 600 TFLOP/s. P GPUs cut it
+ *   P ways if each step's transfer, 8 c d bytes per head (K and V of two chunks of c rows, 16-bit),
+ *   hides under its 8 c^2 d FLOPs: c >= F / BW, the GPU's FLOP rate over the link's bytes per
+ *   second (notes/20_ring.md works it out).
  * Measured: not yet (notes/20_ring.md; make bench-ring, bench/data/<gpu>x<P>_ring.csv).
  * Run: ./stage20 --gpus 4 --seqlen 131072 --heads 16 --batch 1 --dim 128 --causal
  *      ./stage20 --gpus 4 --transport copy --seqlen 1537 --causal   (four ranks on one GPU)
