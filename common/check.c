@@ -297,7 +297,12 @@ void compare_grad_head(const struct shape *sh, enum dtype dt, const float *Q, co
  * element gone wrong by more than twice what FP8 itself costs the row. The floor is the fp16
  * stages' own allowance: the stage returns O rounded to fp16 (the emulation keeps fp64), and sums
  * in fp32 in its own order. L is one value a row, its error that of the row's scores (the same
- * quantized values on both sides), so it is judged alone. With a kernel's way simulated on the host
+ * quantized values on both sides), so it is judged alone. One term more on both: the tensor cores
+ * keep about 13 bits at each k32 step of a score, as the emulation does, but not exactly the same
+ * bits, so a row's scores may part by a few units of the 13th bit of the sum of |q_c k_jc| on
+ * each step (fp8_score_allowance, a): L_i's allowance takes a, O_i's 2 a max|V|. Without it, a
+ * row whose emulated L happened to land within a hair of the oracle's failed a correct stage (on
+ * the H200, outlier inputs: 0.04 apart at L = 190, where a is about 0.2). With a kernel's way simulated on the host
  * (the running max over tiles of 128 keys, P rounded as e4m3(256 P sv / max sv) as stage 19 folds
  * V's scale into P, fp32 accumulators, every transformed value of Q and K nudged by an fp32 ulp
  * before quantizing; d 64 and 128, N 1000 and 2048, causal or not, outliers x1 and x50, the
@@ -315,6 +320,9 @@ void compare_fp8_head(const struct shape *sh, int hadamard, const float *Q, cons
         hadamard_signs(signs, d, FP8_HADAMARD_SEED);
     }
     fp8_head_quantize(&hd, sh, Q, K, V, b, h, FP8_BLOCK_ROWS, signs);
+    double vmax = 0; /* the largest dequantized |V| of the head */
+    for (int j = 0; j < shape_kv_len(sh); j++)
+        for (int c = 0; c < d; c++) vmax = fmax(vmax, fabs((double)hd.sv[j / hd.block] * hd.v[(size_t)j * d + c]));
     /* each checked row as one comparison, for O and for L (t = 0, 1): its worst element (a
      * nonfinite one first), that element's reference, the row's allowance, the sum of its errors
      * and its count of nonfinite elements */
@@ -340,10 +348,13 @@ void compare_fp8_head(const struct shape *sh, int hadamard, const float *Q, cons
                 else ro->nonfinite++;
                 if (e > ro->err) ro->err = e, ro->at = at, ro->want = o_ref[c];
             }
-            ro->tol = 2 * e_emu + floor_O;
+            /* the hardware's scores may part from the emulation's by up to a (fp8_score_allowance):
+             * L by a, each weight of O by a factor e^(+-a), so O by 2 a max|V| */
+            const double a = fp8_score_allowance(&hd, i, keys_seen(sh, i), sh->scale);
+            ro->tol = 2 * e_emu + floor_O + 2 * a * vmax;
             const size_t at = idx3(sh, b, h, i);
             const double e = isfinite(L[at]) ? fabs((double)L[at] - lse_ref) : INFINITY;
-            *rl = (struct fp8_row){.at = at, .err = e, .want = lse_ref, .tol = 2 * fabs(lse_emu - lse_ref) + floor_L,
+            *rl = (struct fp8_row){.at = at, .err = e, .want = lse_ref, .tol = 2 * fabs(lse_emu - lse_ref) + floor_L + a,
                                    .sum = isfinite(e) ? e : 0, .nonfinite = !isfinite(e)};
         }
         free(o_ref), free(S);
