@@ -65,7 +65,11 @@ void fp8_quantize(float *x, size_t rows, int d, size_t block, float *scales)
         float amax = 0.0f;
         for (size_t e = r0 * d; e < r1 * d; e++) amax = fmaxf(amax, fabsf(x[e]));
         const float s = amax > 0.0f ? amax / E4M3_MAX : 1.0f; /* the block's max|x| becomes 448 */
-        for (size_t e = r0 * d; e < r1 * d; e++) x[e] = e4m3_to_f32(f32_to_e4m3(x[e] / s));
+        /* times 1 / s, as the quantization kernel does: x / s, one rounding fewer, puts a value
+         * lying within an fp32 ulp of a tie between two e4m3 values on the other side of it now
+         * and then, and with outlier channels one such value moves a score by units */
+        const float inv = 1.0f / s;
+        for (size_t e = r0 * d; e < r1 * d; e++) x[e] = e4m3_to_f32(f32_to_e4m3(x[e] * inv));
         scales[r0 / block] = s;
     }
 }

@@ -50,9 +50,9 @@ void add_outliers(const struct shape *sh, float factor, enum dtype dt, float *Q,
  * rounding of other values, errors of the same size but not the same errors (the check's factor
  * 2 is for that). */
 
-/* x [rows][d] quantized in place to e4m3 values, kept as floats in units of their scale (x / s,
- * rounded to e4m3), with one scale s = max|x| / E4M3_MAX per `block` rows (block >= rows: one for
- * all; 1 for an all-zero block); scales[r / block] gets the scale of row r. */
+/* x [rows][d] quantized in place to e4m3 values, kept as floats in units of their scale (x times
+ * 1 / s, rounded to e4m3), with one scale s = max|x| / E4M3_MAX per `block` rows (block >= rows:
+ * one for all; 1 for an all-zero block); scales[r / block] gets the scale of row r. */
 void fp8_quantize(float *x, size_t rows, int d, size_t block, float *scales);
 
 /* One head of Q, K, V as the FP8 stage holds it: q [N][d], k and v [N_kv][d] in units of their
