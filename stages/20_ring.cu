@@ -4,8 +4,9 @@
  *   K/V blocks travel around the ring, and each rank computes the attention of its Q against the
  *   block it holds at each of P steps and merges the partial results by their logsumexp:
  *   - the per-block attention is an existing forward, called through its descriptor: stage 14 on
- *     compute capability 9.0 (for d = 64, 128, 256), stage 9 elsewhere (block_stage). Both return
- *     O and L (logsumexp, nats) for their block, which is all a merge needs;
+ *     compute capability 9.0 where its tiles fit (d = 64, 128, 256), stage 9 elsewhere
+ *     (block_stage). Both return O and L (logsumexp, nats) for their block, which is all a merge
+ *     needs;
  *   - the merge: O = sum_s w_s O_s / sum_s w_s, L = m + log sum_s w_s with w_s = exp(L_s - m)
  *     (common/cuda/merge.cuh, stage 15's merge of KV slices, here across the ring's steps), into a
  *     running O and L in fp32 per rank (stage20_merge_kernel);
@@ -37,6 +38,7 @@
 #include "common/attn.h"
 #include "common/cuda/cuda_check.h"
 #include "common/cuda/defs.cuh"
+#include "common/cuda/launch.cuh"
 #include "common/cuda/merge.cuh"
 
 #include <cuda_bf16.h>
@@ -183,16 +185,15 @@ int chunk_rows(const struct ring *g, int k)
 /* the chunk that rank r's half h holds: h = 0 the early one, r; h = 1 the late one, 2P - 1 - r */
 int chunk_of(const struct ring *g, int r, int h) { return h ? 2 * g->P - 1 - r : r; }
 
-/* The per-block attention: stage 14 where the device is compute capability 9.0 and takes d;
+/* The per-block attention: stage 14 where the device is compute capability 9.0 and stage 14 has
+ * tiles for d within `limit` bytes of shared memory (gpu_smem_limit(), or a smaller GPU's modelled);
  * stage 9 on any other (and for d = 32). */
-const struct stage *block_stage(int dev, int d)
+const struct stage *block_stage(int dev, const struct attn_args *a, size_t limit)
 {
     cudaDeviceProp p;
-    if (cudaGetDeviceProperties(&p, dev) != cudaSuccess) return &stage9_desc;
-    const bool hopper = p.major == 9 && p.minor == 0;
-    for (int k = 0; hopper && k < 8 && stage14_desc.dims[k]; k++)
-        if (stage14_desc.dims[k] == d) return &stage14_desc;
-    return &stage9_desc;
+    if (cudaGetDeviceProperties(&p, dev) != cudaSuccess || p.major != 9 || p.minor != 0) return &stage9_desc;
+    struct tile_config c;
+    return stage14_desc.tiles(a, 0, limit, &c) == 0 ? &stage14_desc : &stage9_desc;
 }
 
 char *ptr(void *base, size_t bytes) { return (char *)base + bytes; }
@@ -429,14 +430,14 @@ int setup(struct attn_args *a, char *why, size_t n)
     struct ring *g = new ring();
     a->rank_state = g;
     g->P = P, g->transport = transport, g->devices = devices, g->sh = a->sh, g->dt = a->dtype;
-    g->blk = block_stage(0, a->sh.d);
+    g->blk = block_stage(0, a, gpu_smem_limit());
     g->c = CEIL_DIV(a->sh.N, 2 * P);
     g->esize = 2;
     g->chunk = (size_t)a->sh.B * a->sh.H * g->c * a->sh.d;
     g->ranks.assign(P, rank());
     /* every rank's device the same kind as device 0's: one block stage for all */
     for (int r = 0; r < P && transport == TRANSPORT_NCCL; r++)
-        if (block_stage(r, a->sh.d) != g->blk) {
+        if (block_stage(r, a, gpu_smem_limit()) != g->blk) {
             snprintf(why, n, "GPU %d is not the kind of GPU 0 (a ring of one kind: set CUDA_VISIBLE_DEVICES)", r);
             teardown(a);
             return ATTN_UNSUPPORTED;
@@ -590,7 +591,7 @@ void teardown(struct attn_args *a)
 /* The tiles of the block stage this device uses, for the summary. */
 int tiles_for(const struct attn_args *a, int backward, size_t limit, struct tile_config *c)
 {
-    const struct stage *blk = block_stage(0, a->sh.d);
+    const struct stage *blk = block_stage(0, a, limit);
     const int rc = blk->tiles(a, backward, limit, c);
     if (!rc) {
         char text[sizeof c->text];
