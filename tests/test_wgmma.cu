@@ -219,6 +219,34 @@ static float test_eighth(uint32_t *state)
     return (float)((int)((*state >> 8) % 65u) - 32) / 8.0f;
 }
 
+/* One warpgroup's run of `kernel` on the host's A, B (elements of E) and C0, with `smem` bytes of
+ * dynamic shared memory: the upload, the launch and the download every wgmma test makes. C comes
+ * back NaN wherever the kernel never wrote. */
+template <typename E>
+static void test_wg_launch(void (*kernel)(const E *, const E *, const float *, float *), const std::vector<E> &A,
+                           const std::vector<E> &B, const std::vector<float> &C0, std::vector<float> &C, size_t smem)
+{
+    E *dA, *dB;
+    float *dC0, *dC;
+    CUDA_CHECK(cudaMalloc(&dA, A.size() * sizeof(E)));
+    CUDA_CHECK(cudaMalloc(&dB, B.size() * sizeof(E)));
+    CUDA_CHECK(cudaMalloc(&dC0, C0.size() * 4));
+    CUDA_CHECK(cudaMalloc(&dC, C.size() * 4));
+    CUDA_CHECK(cudaMemcpy(dA, A.data(), A.size() * sizeof(E), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(dB, B.data(), B.size() * sizeof(E), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(dC0, C0.data(), C0.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemset(dC, 0xff, C.size() * 4)); /* NaN: an element never written shows */
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    kernel<<<1, TEST_WG_THREADS, smem>>>(dA, dB, dC0, dC);
+    LAUNCH_CHECK();
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaMemcpy(C.data(), dC, C.size() * 4, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaFree(dA));
+    CUDA_CHECK(cudaFree(dB));
+    CUDA_CHECK(cudaFree(dC0));
+    CUDA_CHECK(cudaFree(dC));
+}
+
 template <typename T, int A_FROM, int N, int K, int B_MAJOR, int FIRST_ACC>
 static void test_wgmma_run(const char *label, uint32_t seed)
 {
@@ -249,27 +277,8 @@ static void test_wgmma_run(const char *label, uint32_t seed)
             want[m * N + n] = acc;
         }
 
-    uint16_t *dA, *dB;
-    float *dC0, *dC;
-    const size_t smem = 2 * (size_t)M * K + 2 * (size_t)K * N;
-    CUDA_CHECK(cudaMalloc(&dA, A.size() * 2));
-    CUDA_CHECK(cudaMalloc(&dB, B.size() * 2));
-    CUDA_CHECK(cudaMalloc(&dC0, C0.size() * 4));
-    CUDA_CHECK(cudaMalloc(&dC, C.size() * 4));
-    CUDA_CHECK(cudaMemcpy(dA, A.data(), A.size() * 2, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(dB, B.data(), B.size() * 2, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(dC0, C0.data(), C0.size() * 4, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemset(dC, 0xff, C.size() * 4)); /* NaN: an element never written shows */
-    auto kernel = test_wgmma_kernel<T, A_FROM, N, K, B_MAJOR, FIRST_ACC>;
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    kernel<<<1, TEST_WG_THREADS, smem>>>(dA, dB, dC0, dC);
-    LAUNCH_CHECK();
-    CUDA_CHECK(cudaDeviceSynchronize());
-    CUDA_CHECK(cudaMemcpy(C.data(), dC, C.size() * 4, cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaFree(dA));
-    CUDA_CHECK(cudaFree(dB));
-    CUDA_CHECK(cudaFree(dC0));
-    CUDA_CHECK(cudaFree(dC));
+    test_wg_launch(test_wgmma_kernel<T, A_FROM, N, K, B_MAJOR, FIRST_ACC>, A, B, C0, C,
+                   2 * (size_t)M * K + 2 * (size_t)K * N);
 
     int worst = 0, differ = 0;
     double worst_err = -1;
@@ -435,27 +444,7 @@ static void test_wgmma_e4m3_run(const char *label, uint32_t seed)
     for (int i = 0; i < N * K; i++) Bf[i] = test_eighth15(&s), B[i] = f32_to_e4m3(Bf[i]); /* B[n][k] */
     for (int i = 0; i < M * N; i++) C0[i] = test_eighth15(&s);
     for (int i = 0; i < M * K; i++) cr_assert(e4m3_to_f32(A[i]) == Af[i], "%s: %g is not exact in e4m3", label, Af[i]);
-    uint8_t *dA, *dB;
-    float *dC0, *dC;
-    const size_t smem = (size_t)M * K + (size_t)N * K;
-    CUDA_CHECK(cudaMalloc(&dA, A.size()));
-    CUDA_CHECK(cudaMalloc(&dB, B.size()));
-    CUDA_CHECK(cudaMalloc(&dC0, C0.size() * 4));
-    CUDA_CHECK(cudaMalloc(&dC, C.size() * 4));
-    CUDA_CHECK(cudaMemcpy(dA, A.data(), A.size(), cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(dB, B.data(), B.size(), cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(dC0, C0.data(), C0.size() * 4, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemset(dC, 0xff, C.size() * 4));
-    auto kernel = test_wgmma_e4m3_kernel<A_FROM, N, K>;
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    kernel<<<1, TEST_WG_THREADS, smem>>>(dA, dB, dC0, dC);
-    LAUNCH_CHECK();
-    CUDA_CHECK(cudaDeviceSynchronize());
-    CUDA_CHECK(cudaMemcpy(C.data(), dC, C.size() * 4, cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaFree(dA));
-    CUDA_CHECK(cudaFree(dB));
-    CUDA_CHECK(cudaFree(dC0));
-    CUDA_CHECK(cudaFree(dC));
+    test_wg_launch(test_wgmma_e4m3_kernel<A_FROM, N, K>, A, B, C0, C, (size_t)M * K + (size_t)N * K);
     int differ = 0, worst = 0;
     double worst_err = -1;
     for (int m = 0; m < M; m++)
