@@ -81,9 +81,9 @@ namespace {
  *   128   3             192  128  2       0       160: O 64 + S 64 + P 32     48 + 2 x 64 = 176 KiB
  *   256   2             128   64  2       0       240: O 128 + S 32 + P 16    64 + 2 x 64 = 192 KiB
  *
- * d = 64:  the third warpgroup fits in 160 registers. Bc = 128, not stage 11's 64 (which its
- *          cp.async buffers needed): a tile of 64 keys has the same waits and softmax bookkeeping
- *          for half the work. Turned: of the four stages the consumers hold two and the copy
+ * d = 64:  the third warpgroup fits in 160 registers. Bc = 128, not stage 11's 64 (faster there,
+ *          between block barriers every tile; here there are none): a tile of 64 keys has the same
+ *          waits and softmax bookkeeping for half the work. Turned: of the four stages the consumers hold two and the copy
  *          engine fills two.
  * d = 128: at 160 registers ptxas spills 8 bytes (two stores and loads per tile), and beside a Q_i
  *          of 192 rows only two stages fit: not turned, so that the copy engine fills one stage
