@@ -34,6 +34,9 @@ splice=""
 FWD_STAGE=stage9
 GRID_MIN_N=1024
 while [ $# -gt 0 ]; do
+  case $1 in --gpu | --seqlen | --dim | --splice)
+    [ $# -ge 2 ] || { echo "plots/readme_table.sh: $1 needs a value (usage: plots/readme_table.sh [--gpu GPU] [--seqlen N] [--dim d] [--splice README.md])" >&2; exit 2; } ;;
+  esac
   case $1 in
     --gpu) gpu=$2; shift 2 ;;
     --seqlen) n=$2; shift 2 ;;
@@ -188,7 +191,7 @@ table=$(csv_awk -f "$here/grid.awk" -v N="$n" -v D="$d" -v gpu="$gpu" -v gfile="
 # Generation (the decode stages, bench/data/<gpu>_decode.csv from make bench-decode): the latest
 # run (the commit of the file's last stage row) at B = 1 and 8 and three cache lengths, each stage
 # at its own slices (a shape's first row of the stage in a run; the second is its --splits 1, the
-# training kernel's grid), against what stage 15 claims: at N_kv >= 16k a kernel that only reads
+# training kernel's grid), against stage 15's target: at N_kv >= 16k a kernel that only reads
 # its K and V (the run's hbm-read row of the shape) takes at least 85% of its time, and no PyTorch
 # backend of that run is faster (bench/bench_decode.sh --verdict checks both). The file's rows
 # named stage14 are stage 15's kernel, measured before the renumbering: shown as 15.
@@ -220,7 +223,7 @@ if [ -r "$dcsv" ]; then
         key = bs[bi] " " kv[k]
         if ((bk[i] " " key) in tt && (!(key in best) || tt[bk[i] " " key] < best[key])) { best[key] = tt[bk[i] " " key]; who[key] = bk[i] }
       }
-      printf "\n\nGeneration (`make bench-decode`): one query per head against a KV cache of N_kv positions, %s; `%s`, run %s. The claim: at N_kv ≥ 16k stage 15 takes at most 1 / %.2f of the time of a kernel that only reads its K and V (the read takes at least %d%% of its time), and no PyTorch backend is faster; `bench/bench_decode.sh --verdict %s` checks both on the run'"'"'s rows (a device-to-device copy of 1 GiB ran at %.1f GB/s in it).%s\n\n", shape, dfile, last, share / 100, share, last, copy, renamed ? " Rows named stage14 in the file are stage 15 measured before the renumbering." : ""
+      printf "\n\nGeneration (`make bench-decode`): one query per head against a KV cache of N_kv positions, %s; `%s`, run %s. The target: at N_kv ≥ 16k stage 15 takes at most 1 / %.2f of the time of a kernel that only reads its K and V (the read takes at least %d%% of its time), and from N_kv ≥ 4k no PyTorch backend is faster; `bench/bench_decode.sh --verdict %s` checks both on the run'"'"'s rows (a device-to-device copy of 1 GiB ran at %.1f GB/s in it).%s\n\n", shape, dfile, last, share / 100, share, last, copy, renamed ? " Rows named stage14 in the file are stage 15, measured when it was numbered 14." : ""
       nr = 0; for (key in rd) nr++ # (runs before bench-decode timed the read have no such rows: no column)
       printf "| stage | B | N_kv | time |%s --splits 1 (a block per batch and KV head) | the fastest PyTorch backend, same run |\n", nr ? " a kernel that only reads K and V | its share of the stage'"'"'s time |" : ""
       print "|---|---|---|---|---|---|" (nr ? "---|---|" : "")
