@@ -388,8 +388,9 @@ bench-decode: $(DECODE_BINS) bench/copy_bw
 
 # across GPUs: stage 20 on P = 2, 4, 8 GPUs (as many as there are) at N = 128k .. 1M, beside its
 # weak-scaling baseline on one GPU (bench/bench_ring.sh says which), appended to
-# bench/data/<gpu>x<P>_ring.csv with the columns gpus and efficiency
-bench-ring: $(RING_BINS)
+# bench/data/<gpu>x<P>_ring.csv with the columns gpus and efficiency; the baseline is stage 14 or
+# stage 9 (the forward each block of the ring runs), so both are built too
+bench-ring: $(RING_BINS) $(if $(RING_BINS),$(call bin,09_pipelined) $(call bin,14_persistent))
 	@$(if $(RING_BINS),FA_COMMIT=$(COMMIT) bench/bench_ring.sh,echo "$(NCCL_MISSING)" >&2; exit 2)
 
 # the yardstick of a memory-bound stage: device-to-device cudaMemcpy bandwidth (bench/copy_bw.cu)
@@ -443,6 +444,9 @@ DIFF_BASE_15 := 9
 DIFF_BASE_16 := 10
 # stage 17 changes stage 14's softmax (16 is the backward on Hopper)
 DIFF_BASE_17 := 14
+# stage 20 spreads stage 15's split-and-merge of the keys across GPUs (both merge by logsumexp
+# through common/cuda/merge.cuh); 16 to 19 are other ideas
+DIFF_BASE_20 := 15
 diff%:
 	@n=$*; case "$$n" in ''|*[!0-9]*) echo "make diff$$n: say which stage, as a number: make diff5" >&2; exit 2;; esac; \
 	n=$$(expr $$n + 0); base='$(DIFF_BASE_$(patsubst 0%,%,$*))'; \

@@ -74,8 +74,6 @@ int main(int argc, char **argv)
         float *q = malloc(n * sizeof(float)), *k = malloc(n * sizeof(float)), *v = malloc(n * sizeof(float));
         float *sq = malloc(rows * sizeof(float)), *sk = malloc(rows * sizeof(float)), *sv = malloc(rows * sizeof(float));
         double *o = malloc((size_t)N * d * sizeof(double));
-        int8_t *signs = malloc(d);
-        hadamard_signs(signs, d, FP8_HADAMARD_SEED);
         for (int mode = 0; mode < N_MODES; mode++) {
             memcpy(q, Q, n * sizeof(float)), memcpy(k, K, n * sizeof(float)), memcpy(v, V, n * sizeof(float));
             /* per-tensor: one scale for the whole tensor (every head), spread to every row */
@@ -96,7 +94,7 @@ int main(int argc, char **argv)
                 struct fp8_head hd = {.d = d, .block = N, .p_dtype = mode == FP16 ? DT_F16 : DT_FP8,
                                       .q = q + off, .k = k + off, .v = v + off, .sq = sq, .sk = sk, .sv = sv};
                 if (mode == PER_BLOCK || mode == PER_BLOCK_H)
-                    fp8_head_quantize(&hd, &sh, Q, K, V, 0, h, block, mode == PER_BLOCK_H ? signs : NULL);
+                    fp8_head_quantize(&hd, &sh, Q, K, V, 0, h, block, mode == PER_BLOCK_H);
                 head_forward(&hd, N, causal, sh.scale, o);
                 if (mode == PER_BLOCK || mode == PER_BLOCK_H) fp8_head_free(&hd);
                 for (size_t e = 0; e < (size_t)N * d; e++) {
@@ -109,7 +107,6 @@ int main(int argc, char **argv)
         for (int mode = 0; mode < N_MODES; mode++)
             printf("| %s | %s | %.3e | %.3f |\n", causal ? "yes" : "no", mode_name[mode], rmse[mode], rmse[mode] / rmse[PER_TENSOR]);
         free(Q), free(K), free(V), free(Oref), free(Lref), free(q), free(k), free(v), free(sq), free(sk), free(sv), free(o);
-        free(signs);
     }
     return 0;
 }

@@ -29,10 +29,9 @@
 
 static double unit_roundoff(enum dtype dt)
 {
-    switch (dt) {
+    switch (dtype_io(dt)) { /* the dtype O is returned in: fp16 for fp8 (the rest of fp8's error: compare_fp8_head) */
     case DT_F16: return 1.0 / 2048; /* 2^-11 */
     case DT_BF16: return 1.0 / 256; /* 2^-8 */
-    case DT_FP8: return 1.0 / 2048; /* its O is fp16; the rest of its error: compare_fp8_head */
     default: return 0;              /* fp32 rounding is in the u32 terms */
     }
 }
@@ -314,12 +313,7 @@ void compare_fp8_head(const struct shape *sh, int hadamard, const float *Q, cons
 {
     const int d = sh->d;
     struct fp8_head hd;
-    int8_t *signs = NULL;
-    if (hadamard) {
-        signs = malloc((size_t)d);
-        hadamard_signs(signs, d, FP8_HADAMARD_SEED);
-    }
-    fp8_head_quantize(&hd, sh, Q, K, V, b, h, FP8_BLOCK_ROWS, signs);
+    fp8_head_quantize(&hd, sh, Q, K, V, b, h, FP8_BLOCK_ROWS, hadamard);
     double vmax = 0; /* the largest dequantized |V| of the head */
     for (int j = 0; j < shape_kv_len(sh); j++)
         for (int c = 0; c < d; c++) vmax = fmax(vmax, fabs((double)hd.sv[j / hd.block] * hd.v[(size_t)j * d + c]));
@@ -378,6 +372,6 @@ void compare_fp8_head(const struct shape *sh, int hadamard, const float *Q, cons
         a.mean_err = a.count ? sum / a.count : 0;
         *c = a;
     }
-    free(row), free(signs);
+    free(row);
     fp8_head_free(&hd);
 }

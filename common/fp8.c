@@ -75,7 +75,7 @@ void fp8_quantize(float *x, size_t rows, int d, size_t block, float *scales)
 }
 
 void fp8_head_quantize(struct fp8_head *hd, const struct shape *sh, const float *Q, const float *K, const float *V,
-                       int b, int h, int block, const int8_t *signs)
+                       int b, int h, int block, int hadamard)
 {
     const int d = sh->d, N = sh->N, N_kv = shape_kv_len(sh), hk = kv_head_of(sh, h);
     const size_t nq = (size_t)N * d, nkv = (size_t)N_kv * d;
@@ -83,14 +83,19 @@ void fp8_head_quantize(struct fp8_head *hd, const struct shape *sh, const float 
     hd->q = malloc((nq + 2 * nkv) * sizeof(float)), hd->k = hd->q + nq, hd->v = hd->k + nkv;
     hd->sq = malloc(((size_t)CEIL_DIV(N, block) + 2 * (size_t)CEIL_DIV(N_kv, block)) * sizeof(float));
     hd->sk = hd->sq + CEIL_DIV(N, block), hd->sv = hd->sk + CEIL_DIV(N_kv, block);
-    if (!hd->q || !hd->sq) {
+    int8_t *signs = hadamard ? malloc((size_t)d) : NULL;
+    if (!hd->q || !hd->sq || (hadamard && !signs)) {
         fprintf(stderr, "out of host memory (the FP8 emulation of one head)\n");
         exit(EXIT_USAGE);
     }
     memcpy(hd->q, Q + idx4(sh, b, h, 0, 0), nq * sizeof(float));
     memcpy(hd->k, K + idx4_kv(sh, b, hk, 0, 0), nkv * sizeof(float));
     memcpy(hd->v, V + idx4_kv(sh, b, hk, 0, 0), nkv * sizeof(float));
-    if (signs) hadamard_rows(hd->q, N, d, signs), hadamard_rows(hd->k, N_kv, d, signs); /* V is not transformed */
+    if (hadamard) { /* V is not transformed */
+        hadamard_signs(signs, d, FP8_HADAMARD_SEED);
+        hadamard_rows(hd->q, N, d, signs), hadamard_rows(hd->k, N_kv, d, signs);
+        free(signs);
+    }
     fp8_quantize(hd->q, N, d, block, hd->sq);
     fp8_quantize(hd->k, N_kv, d, block, hd->sk);
     fp8_quantize(hd->v, N_kv, d, block, hd->sv);

@@ -65,10 +65,11 @@ struct fp8_head {
     float *sq, *sk, *sv;
 };
 /* Head (b, h) of Q and its KV head's K and V (kv_head_of), copied into fresh memory, Q and K
- * through hadamard_rows where `signs` is not NULL, then quantized in blocks of `block` rows (the
- * stage's: FP8_BLOCK_ROWS). d a power of 2 where signs are given. fp8_head_free releases it. */
+ * through hadamard_rows with the stage's signs (FP8_HADAMARD_SEED) where `hadamard`, then
+ * quantized in blocks of `block` rows (the stage's: FP8_BLOCK_ROWS). d a power of 2 where
+ * `hadamard`. fp8_head_free releases it. */
 void fp8_head_quantize(struct fp8_head *hd, const struct shape *sh, const float *Q, const float *K, const float *V,
-                       int b, int h, int block, const int8_t *signs);
+                       int b, int h, int block, int hadamard);
 void fp8_head_free(struct fp8_head *hd);
 /* Row i of the head's forward the FP8 way (above), over keys 0 .. keys - 1 (keys_seen): o[d] and,
  * where lse is not NULL, *lse. S is scratch of `keys` floats. */

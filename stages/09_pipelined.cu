@@ -313,19 +313,6 @@ stage9_pipelined_kernel(const T *__restrict__ Q, const T *__restrict__ K, const 
 
 /* ---- launcher ---- */
 
-/* Rows of K (and V) read for the Q tiles of one head: each Q tile reads the K/V tiles it sees. */
-template <class Tiles>
-double kv_rows_read(const struct shape *sh)
-{
-    const int N = sh->N, Tr = CEIL_DIV(N, Tiles::Br), Tc = CEIL_DIV(N, Tiles::Bc);
-    double rows = 0;
-    for (int i = 0; i < Tr; i++) {
-        const int n_tiles = sh->causal ? std::min(Tc, (std::min((i + 1) * Tiles::Br, N) - 1) / Tiles::Bc + 1) : Tc;
-        rows += std::min(n_tiles * Tiles::Bc, N);
-    }
-    return rows;
-}
-
 /* The HBM bytes the loop structure moves, with the tiles this device takes: Q once; K_j, V_j once
  * per Q tile that sees them; O and L once. (16-bit elements in both dtypes.) */
 void hbm_bytes(const struct shape *sh, struct hbm_traffic *t)

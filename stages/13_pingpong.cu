@@ -441,26 +441,12 @@ stage13_pingpong_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid
 
 /* ---- launcher ---- */
 
-/* Rows of K (and V) read for the Q tiles of one head: each Q tile reads the K/V tiles it sees. */
-template <typename Cfg>
-double kv_rows_read(const struct shape *sh)
-{
-    typedef tiles<Cfg> Tiles;
-    const int N = sh->N, Tr = CEIL_DIV(N, Tiles::Br), Tc = CEIL_DIV(N, Tiles::Bc);
-    double rows = 0;
-    for (int i = 0; i < Tr; i++) {
-        const int n_tiles = sh->causal ? std::min(Tc, (std::min((i + 1) * Tiles::Br, N) - 1) / Tiles::Bc + 1) : Tc;
-        rows += std::min(n_tiles * Tiles::Bc, N);
-    }
-    return rows;
-}
-
 /* The HBM bytes the loop structure moves: Q once; K_j, V_j once per Q tile that sees them; O and L
  * once. (16-bit elements in both dtypes.) */
 void hbm_bytes(const struct shape *sh, struct hbm_traffic *t)
 {
-    const double kv_rows = sh->d == 64 ? kv_rows_read<cfg<64>>(sh) : sh->d == 128 ? kv_rows_read<cfg<128>>(sh)
-                           : kv_rows_read<cfg<256>>(sh);
+    const double kv_rows = sh->d == 64 ? kv_rows_read<tiles<cfg<64>>>(sh) : sh->d == 128 ? kv_rows_read<tiles<cfg<128>>>(sh)
+                           : kv_rows_read<tiles<cfg<256>>>(sh);
     const double heads = (double)sh->B * sh->H, d = sh->d, N = sh->N;
     t->Q = heads * N * d * 2;
     t->KV = heads * 2.0 * kv_rows * d * 2;

@@ -719,28 +719,14 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
 
 /* ---- launcher ---- */
 
-/* Rows of K (and V) read for the Q tiles of one head: each Q tile reads the K/V tiles it sees. */
-template <typename Cfg>
-double kv_rows_read(const struct shape *sh)
-{
-    typedef tiles<Cfg> Tiles;
-    const int N = sh->N, Tr = CEIL_DIV(N, Tiles::Br), Tc = CEIL_DIV(N, Tiles::Bc);
-    double rows = 0;
-    for (int i = 0; i < Tr; i++) {
-        const int n_tiles = sh->causal ? std::min(Tc, (std::min((i + 1) * Tiles::Br, N) - 1) / Tiles::Bc + 1) : Tc;
-        rows += std::min(n_tiles * Tiles::Bc, N);
-    }
-    return rows;
-}
-
 /* The HBM bytes the loop structure moves: the quantization reads Q, K, V in fp16 and writes them as
  * bytes (counted with the inputs); the attention reads Q8 once, K8 and V8^T once per Q tile that
  * sees them, writes O in fp16 and L. */
 void hbm_bytes(const struct shape *sh, struct hbm_traffic *t)
 {
-    const double kv_rows = sh->d == 64    ? kv_rows_read<cfg<64>>(sh)
-                           : sh->d == 128 ? kv_rows_read<cfg<128>>(sh)
-                                          : kv_rows_read<cfg<256>>(sh);
+    const double kv_rows = sh->d == 64    ? kv_rows_read<tiles<cfg<64>>>(sh)
+                           : sh->d == 128 ? kv_rows_read<tiles<cfg<128>>>(sh)
+                                          : kv_rows_read<tiles<cfg<256>>>(sh);
     const double heads = (double)sh->B * sh->H, d = sh->d, N = sh->N, qk = std::max(sh->d, 128); /* Q8's, K8's row */
     t->Q = heads * N * (d * 2 + qk + qk);
     t->KV = heads * N * (2 * d * 2 + qk + d) + heads * kv_rows * (qk + d);

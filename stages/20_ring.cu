@@ -165,7 +165,7 @@ struct rank {
 };
 
 struct ring {
-    int P, transport, devices;
+    int P, transport;
     struct shape sh;         /* the whole problem */
     enum dtype dt;
     const struct stage *blk; /* the per-block attention: stage 14 or stage 9 */
@@ -429,7 +429,7 @@ int setup(struct attn_args *a, char *why, size_t n)
     }
     struct ring *g = new ring();
     a->rank_state = g;
-    g->P = P, g->transport = transport, g->devices = devices, g->sh = a->sh, g->dt = a->dtype;
+    g->P = P, g->transport = transport, g->sh = a->sh, g->dt = a->dtype;
     g->blk = block_stage(0, a, gpu_smem_limit());
     g->c = CEIL_DIV(a->sh.N, 2 * P);
     g->esize = 2;

@@ -52,6 +52,8 @@ int test_stage_selected(const struct stage *st);
 /* The stage called `name` in all_stages[] (the test fails if there is none), and the number in
  * a stage's name ("stage4" -> 4). */
 const struct stage *test_find_stage(const char *name);
+/* the same, NULL where this build has no such stage (stage 20 without NCCL) */
+const struct stage *test_lookup_stage(const char *name);
 int test_stage_number(const struct stage *st);
 
 /* malloc that fails the test instead of returning NULL; fp32 to fp64 copies for compare(). */

@@ -24,11 +24,6 @@ struct fp8_case {
     float outliers;
 };
 
-static void fp8_free_params(struct criterion_test_params *p)
-{
-    cr_free(p->params);
-}
-
 /* Runs the case's stage in fp8 on fp16 inputs (with outliers where asked) and asserts that the
  * harness's FP8 check passes. */
 static void test_fp8_case(const struct fp8_case *c)
@@ -89,7 +84,7 @@ ParameterizedTestParameters(fp8, grid)
                     fp8_add(p, &count, s, &sh);
                 }
     }
-    return cr_make_param_array(struct fp8_case, p, count, fp8_free_params);
+    return cr_make_param_array(struct fp8_case, p, count, test_free_params);
 }
 
 ParameterizedTest(struct fp8_case *c, fp8, grid) { test_fp8_case(c); }
@@ -114,7 +109,7 @@ ParameterizedTestParameters(fp8, shapes)
             fp8_add(p, &count, s, &sh);
         }
     }
-    return cr_make_param_array(struct fp8_case, p, count, fp8_free_params);
+    return cr_make_param_array(struct fp8_case, p, count, test_free_params);
 }
 
 ParameterizedTest(struct fp8_case *c, fp8, shapes) { test_fp8_case(c); }

@@ -13,6 +13,7 @@
 #define LAUNCH_CUH
 #include "common/attn.h"
 #include "common/cuda/cuda_check.h"
+#include <algorithm>
 #include <stdarg.h>
 #include <stdio.h>
 
@@ -113,6 +114,21 @@ static inline int tiles_found(struct tile_config *c, int Br, int Bc, size_t smem
     vsnprintf(c->text, sizeof c->text, fmt, ap);
     va_end(ap);
     return 0;
+}
+
+/* For a stage's hbm_traffic: the rows of K (and of V) that one head's Q tiles read, each Q tile of
+ * Tiles::Br rows reading the K/V tiles of Tiles::Bc keys it sees (all of them, or under the causal
+ * mask those up to its last row), none past N. */
+template <class Tiles>
+double kv_rows_read(const struct shape *sh)
+{
+    const int N = sh->N, Tr = CEIL_DIV(N, Tiles::Br), Tc = CEIL_DIV(N, Tiles::Bc);
+    double rows = 0;
+    for (int i = 0; i < Tr; i++) {
+        const int n_tiles = sh->causal ? std::min(Tc, (std::min((i + 1) * Tiles::Br, N) - 1) / Tiles::Bc + 1) : Tc;
+        rows += std::min(n_tiles * Tiles::Bc, N);
+    }
+    return rows;
 }
 
 #endif
