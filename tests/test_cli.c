@@ -8,6 +8,7 @@
  */
 #define _GNU_SOURCE /* nftw, environ */
 #include "common_test.h"
+#include "common/fp8.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -363,13 +364,45 @@ static void test_csv_field(const char *line, int k, char *buf, size_t n)
 }
 
 /* --outliers on a CPU stage: the inputs made, 4 channels of Q and K x50, checked as ever (the fp32
- * rule's score term grows with max|Q| max|K|), and the summary says so. */
+ * rule's score term grows with max|Q| max|K|), and the summary says so. The inputs saved with and
+ * without it, same seed: in every row of Q and of K the OUTLIER_CHANNELS channels of outlier_channel
+ * are 50 times the plain value (rounded to fp16, as add_outliers rounds them), every other channel
+ * and all of V the same. */
 Test(cli, outliers_run_and_pass)
 {
+    char dir[2][128], path[160], why[256];
+    test_path(dir[0], sizeof dir[0], "outliers_x1");
+    test_path(dir[1], sizeof dir[1], "outliers_x50");
     struct test_proc p;
-    test_spawn((char *[]){"./stage3", "--seqlen", "64", "--heads", "2", "--outliers", "50", NULL}, &p);
+    test_spawn((char *[]){"./stage3", "--seqlen", "64", "--heads", "2", "--save", dir[0], NULL}, &p);
+    cr_assert(p.code == EXIT_PASS, "./stage3 --save: exit %d; stderr:\n%s", p.code, p.err);
+    test_spawn((char *[]){"./stage3", "--seqlen", "64", "--heads", "2", "--outliers", "50", "--save", dir[1], NULL}, &p);
     cr_assert(p.code == EXIT_PASS, "./stage3 --outliers 50: exit %d; stderr:\n%s", p.code, p.err);
     cr_assert(strstr(p.out, "outliers x50") && strstr(p.out, "check PASS"), "./stage3 --outliers 50: summary\n%s", p.out);
+    const char *names[3] = {"q.npy", "k.npy", "v.npy"};
+    for (int t = 0; t < 3; t++) {
+        float *x[2];
+        int dims[4];
+        for (int s = 0; s < 2; s++) {
+            snprintf(path, sizeof path, "%s/%s", dir[s], names[t]);
+            x[s] = npy_read4(path, dims, why, sizeof why);
+            cr_assert(x[s] != NULL, "%s", why);
+        }
+        const int d = dims[3];
+        const size_t rows = (size_t)dims[0] * dims[1] * dims[2];
+        int outlier[64] = {0};
+        cr_assert(d == 64, "%s: d = %d, want the default 64", names[t], d);
+        for (int k = 0; k < OUTLIER_CHANNELS && t < 2; k++) outlier[outlier_channel(k, d) % d] = 1;
+        for (size_t r = 0; r < rows; r++)
+            for (int c = 0; c < d; c++) {
+                const double plain = x[0][r * d + c], got = x[1][r * d + c], want = outlier[c] ? 50 * plain : plain;
+                /* fp16's rounding of 50 x: 2^-11 relative, 2^-25 absolute below its normals */
+                const double tol = outlier[c] ? fabs(want) / 2048 + 1.0 / (1 << 25) : 0;
+                cr_assert(fabs(got - want) <= tol, "%s row %zu channel %d: %g with --outliers 50, %g without (%s)",
+                          names[t], r, c, got, plain, outlier[c] ? "an outlier channel" : "not an outlier channel");
+            }
+        free(x[0]), free(x[1]);
+    }
 }
 
 Test(cli, csv_is_a_header_and_one_row)
