@@ -82,62 +82,56 @@ static PFN_cuTensorMapEncodeTiled_v12000 tma_encode_tiled(char *why, size_t n)
     return encode;
 }
 
-/* A tensor map for a [heads][N][d] tensor of 16-bit T in global memory (one of the stages' [B, H,
- * N, d] tensors, heads = B * H), with a box of box_rows rows of one head by 64 columns, written to
- * shared memory in the 128-byte swizzle. The copy of the box at (column c, row r, head h) fills
- * box_rows x 128 bytes exactly as load_tile_sw128 (wgmma.cuh) lays out one 64-column block of a
- * tile: a tile of d columns is d / 64 copies, each into its column block.
- *
- * Three dimensions rather than a [heads * N][d] matrix, so that a box reaching past row N of its
- * head is out of bounds (zero-filled) instead of reading the next head's rows: the tails of the
- * last Q and K/V tiles come back as zeros, and the transaction count is the full box all the same.
- * Dimensions go innermost first (d, N, heads); strides are in bytes, for dimensions 1 and 2 only.
- * Returns 0, or ATTN_CUDA_ERROR with the reason in why. */
-template <typename T>
-static int tma_map_heads(CUtensorMap *map, const T *base, long long heads, int N, int d, int box_rows, char *why,
-                         size_t n)
+/* A tensor map for a [heads][rows][cols] tensor in global memory, elements of `esize` bytes of
+ * type `type`, with a box of box_rows rows of one head by one 128-byte swizzle row of columns
+ * (128 / esize of them), written to shared memory in the 128-byte swizzle. Three dimensions rather
+ * than a [heads * rows][cols] matrix, so that a box reaching past row `rows` of its head is out of
+ * bounds (zero-filled) instead of reading the next head's rows: the tails of the last tiles come
+ * back as zeros, and the transaction count is the full box all the same. Dimensions go innermost
+ * first (cols, rows, heads); strides are in bytes, for dimensions 1 and 2 only. Returns 0, or
+ * ATTN_CUDA_ERROR with the reason in why. */
+static inline int tma_map_sw128(CUtensorMap *map, CUtensorMapDataType type, int esize, const void *base, long long heads,
+                                int rows, int cols, int box_rows, char *why, size_t n)
 {
-    static_assert(sizeof(T) == 2, "16-bit elements: a 64-element box row is the swizzle's 128 bytes");
     const PFN_cuTensorMapEncodeTiled_v12000 encode = tma_encode_tiled(why, n);
     if (!encode) return ATTN_CUDA_ERROR;
-    const CUtensorMapDataType type = std::is_same<T, __nv_bfloat16>::value ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                                             : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-    const cuuint64_t dims[3] = {(cuuint64_t)d, (cuuint64_t)N, (cuuint64_t)heads};
-    const cuuint64_t strides[2] = {(cuuint64_t)d * sizeof(T), (cuuint64_t)N * d * sizeof(T)};
-    const cuuint32_t box[3] = {TMA_BOX_ELEMS, (cuuint32_t)box_rows, 1};
+    const int box_cols = 128 / esize;
+    const cuuint64_t dims[3] = {(cuuint64_t)cols, (cuuint64_t)rows, (cuuint64_t)heads};
+    const cuuint64_t strides[2] = {(cuuint64_t)cols * esize, (cuuint64_t)rows * cols * esize};
+    const cuuint32_t box[3] = {(cuuint32_t)box_cols, (cuuint32_t)box_rows, 1};
     const cuuint32_t steps[3] = {1, 1, 1}; /* every element of the box, no striding */
     const CUresult r = encode(map, type, 3, (void *)base, dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE,
                               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE /* out of bounds reads as zero */);
     if (r != CUDA_SUCCESS) {
-        snprintf(why, n, "cuTensorMapEncodeTiled failed (CUresult %d) for a [%lld][%d][%d] tensor at %p, box %d x %d",
-                 (int)r, heads, N, d, (const void *)base, box_rows, TMA_BOX_ELEMS);
+        snprintf(why, n, "cuTensorMapEncodeTiled failed (CUresult %d) for a [%lld][%d][%d] tensor of %d-byte elements "
+                 "at %p, box %d x %d", (int)r, heads, rows, cols, esize, base, box_rows, box_cols);
         return ATTN_CUDA_ERROR;
     }
     return 0;
 }
 
-/* The same for a [heads][rows][cols] tensor of bytes (stage 19's e4m3 Q, K and V^T): a box of
- * box_rows rows by 128 columns, one 128-byte swizzle row each, so a tile of `cols` bytes a row is
- * cols / 128 copies, each into its column block. Rows past `rows` read as zeros. */
-static inline int tma_map_bytes(CUtensorMap *map, const uint8_t *base, long long heads, int rows, int cols, int box_rows,
-                         char *why, size_t n)
+/* The stages' [B, H, N, d] tensors of 16-bit T (heads = B * H): a box of box_rows rows by 64
+ * columns (TMA_BOX_ELEMS), which fills box_rows x 128 bytes exactly as load_tile_sw128 (wgmma.cuh)
+ * lays out one 64-column block of a tile: a tile of d columns is d / 64 copies, each into its
+ * column block. */
+template <typename T>
+static int tma_map_heads(CUtensorMap *map, const T *base, long long heads, int N, int d, int box_rows, char *why,
+                         size_t n)
 {
-    const PFN_cuTensorMapEncodeTiled_v12000 encode = tma_encode_tiled(why, n);
-    if (!encode) return ATTN_CUDA_ERROR;
-    const cuuint64_t dims[3] = {(cuuint64_t)cols, (cuuint64_t)rows, (cuuint64_t)heads};
-    const cuuint64_t strides[2] = {(cuuint64_t)cols, (cuuint64_t)rows * cols};
-    const cuuint32_t box[3] = {128, (cuuint32_t)box_rows, 1};
-    const cuuint32_t steps[3] = {1, 1, 1};
-    const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, (void *)base, dims, strides, box, steps,
-                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS) {
-        snprintf(why, n, "cuTensorMapEncodeTiled failed (CUresult %d) for a [%lld][%d][%d] byte tensor at %p, box %d x 128",
-                 (int)r, heads, rows, cols, (const void *)base, box_rows);
-        return ATTN_CUDA_ERROR;
-    }
-    return 0;
+    static_assert(sizeof(T) == 2 && 128 / sizeof(T) == TMA_BOX_ELEMS, "16-bit elements: a 64-element box row is the swizzle's 128 bytes");
+    const CUtensorMapDataType type = std::is_same<T, __nv_bfloat16>::value ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                                             : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    return tma_map_sw128(map, type, 2, base, heads, N, d, box_rows, why, n);
+}
+
+/* The same for a [heads][rows][cols] tensor of bytes (stage 19's e4m3 Q, K and V^T): a box of
+ * box_rows rows by 128 columns, so a tile of `cols` bytes a row is cols / 128 copies, each into
+ * its column block. */
+static inline int tma_map_bytes(CUtensorMap *map, const uint8_t *base, long long heads, int rows, int cols, int box_rows,
+                                char *why, size_t n)
+{
+    return tma_map_sw128(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, base, heads, rows, cols, box_rows, why, n);
 }
 
 /* ---- the bulk tensor copy (device) ---- */
