@@ -34,7 +34,8 @@ static void head_forward(const struct fp8_head *hd, int N, int causal, float sca
     {
         float *S = malloc((size_t)N * sizeof(float));
 #pragma omp for schedule(dynamic, 16)
-        for (int i = 0; i < N; i++) fp8_forward_row(hd, i, causal ? i + 1 : N, scale, S, o + (size_t)i * hd->d, NULL);
+        for (int i = 0; i < N; i++)
+            fp8_forward_row(hd, i, causal ? i + 1 : N, scale, S, o + (size_t)i * hd->d, NULL, NULL);
         free(S);
     }
 }

@@ -139,33 +139,15 @@ static float tc_dot(const float *q, const float *k, int d, int steps)
     return (float)acc;
 }
 
-/* How far Hopper's score for row i may be from tc_dot's, in the exponent's units (scale times S):
- * the model and the hardware both keep about TC_BITS bits at each k32 step, but not the same bits
- * (where the hardware aligns, in what groups it adds), so at each step they may part by a couple
- * of units in the last kept place of the products' magnitudes: steps 2^(1 - TC_BITS) of the sum
- * of |q_c k_jc|, the largest over the row's keys. 0 where P is not FP8 (fp32 sums). */
-double fp8_score_allowance(const struct fp8_head *hd, int i, int keys, float scale)
-{
-    if (hd->p_dtype != DT_FP8) return 0;
-    const int d = hd->d, steps = (d < 128 ? 128 : d) / 32;
-    const float *q = hd->q + (size_t)i * d;
-    double worst = 0;
-    for (int j = 0; j < keys; j++) {
-        const float *k = hd->k + (size_t)j * d;
-        double a = 0;
-        for (int c = 0; c < d; c++) a += fabs((double)q[c] * k[c]);
-        worst = fmax(worst, a * hd->sk[j / hd->block]);
-    }
-    return (double)scale * hd->sq[i / hd->block] * worst * steps * ldexp(1.0, 1 - TC_BITS);
-}
-
-void fp8_forward_row(const struct fp8_head *hd, int i, int keys, float scale, float *S, double *o, double *lse)
+void fp8_forward_row(const struct fp8_head *hd, int i, int keys, float scale, float *S, double *o, double *lse,
+                     double *allowance)
 {
     const int d = hd->d, block = hd->block, steps = (d < 128 ? 128 : d) / 32;
     const float *q = hd->q + (size_t)i * d;
     /* S_ij = sQ sK (Q8_i . K8_j), summed as the tensor cores sum e4m3 products (tc_dot; fp16 mode:
      * fp32 sums); m_i = max_j S_ij */
     float m = -INFINITY;
+    double mag = 0; /* the largest sK_j sum_c |q_c k_jc| of the row (the allowance, below) */
     for (int j = 0; j < keys; j++) {
         const float *k = hd->k + (size_t)j * d;
         float dot = 0.0f;
@@ -174,7 +156,18 @@ void fp8_forward_row(const struct fp8_head *hd, int i, int keys, float scale, fl
             for (int c = 0; c < d; c++) dot += q[c] * k[c];
         S[j] = dot * hd->sq[i / block] * hd->sk[j / block];
         m = fmaxf(m, S[j]);
+        if (allowance && hd->p_dtype == DT_FP8) {
+            double a = 0;
+            for (int c = 0; c < d; c++) a += fabs((double)q[c] * k[c]);
+            mag = fmax(mag, a * hd->sk[j / block]);
+        }
     }
+    /* How far Hopper's scores, times scale, may be from tc_dot's: the model and the hardware both
+     * keep about TC_BITS bits at each k32 step, but not the same bits (where the hardware aligns,
+     * in what groups it adds), so at each step they may part by a couple of units in the last kept
+     * place of the products' magnitudes: steps 2^(1 - TC_BITS) of the sum of |q_c k_jc|, the
+     * largest over the row's keys. 0 where P is not FP8 (fp32 sums). */
+    if (allowance) *allowance = (double)scale * hd->sq[i / block] * mag * steps * ldexp(1.0, 1 - TC_BITS);
     /* P_ij = exp(scale (S_ij - m_i)), l_i = sum_j P_ij in fp32; O_i = sum_j sV_j P8_ij V8_j / l_i */
     float l = 0.0f;
     for (int c = 0; c < d; c++) o[c] = 0.0;

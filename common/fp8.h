@@ -72,11 +72,11 @@ void fp8_head_quantize(struct fp8_head *hd, const struct shape *sh, const float 
                        int b, int h, int block, int hadamard);
 void fp8_head_free(struct fp8_head *hd);
 /* Row i of the head's forward the FP8 way (above), over keys 0 .. keys - 1 (keys_seen): o[d] and,
- * where lse is not NULL, *lse. S is scratch of `keys` floats. */
-void fp8_forward_row(const struct fp8_head *hd, int i, int keys, float scale, float *S, double *o, double *lse);
-/* The most row i's scores, times scale, may differ between Hopper's FP8 tensor cores and the
- * emulation's model of them (tc_dot), over keys 0 .. keys - 1; 0 where P is not FP8. */
-double fp8_score_allowance(const struct fp8_head *hd, int i, int keys, float scale);
+ * where lse is not NULL, *lse; where allowance is not NULL, *allowance: the most the row's scores,
+ * times scale, may differ between Hopper's FP8 tensor cores and the emulation's model of them
+ * (tc_dot), 0 where P is not FP8. S is scratch of `keys` floats. */
+void fp8_forward_row(const struct fp8_head *hd, int i, int keys, float scale, float *S, double *o, double *lse,
+                     double *allowance);
 #ifdef __cplusplus
 }
 #endif

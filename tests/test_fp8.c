@@ -131,7 +131,7 @@ static double test_fp8_rmse(const struct shape *sh, const float *Q, const float 
     double se = 0, *o = test_doubles(d), *o_ref = test_doubles(d), lse, lse_ref;
     float *S = test_floats(N);
     for (int i = 0; i < N; i++) {
-        fp8_forward_row(&hd, i, keys_seen(sh, i), sh->scale, S, o, &lse);
+        fp8_forward_row(&hd, i, keys_seen(sh, i), sh->scale, S, o, &lse, NULL);
         oracle_forward_row(sh, Q, K, V, 0, 0, i, o_ref, &lse_ref);
         for (int c = 0; c < d; c++) se += (o[c] - o_ref[c]) * (o[c] - o_ref[c]);
     }
@@ -178,7 +178,7 @@ static void test_fp8_emulated(const struct shape *sh, int hadamard, const float 
                 float *S = malloc(sizeof(float) * shape_kv_len(sh));
 #pragma omp for
                 for (int i = 0; i < sh->N; i++) {
-                    fp8_forward_row(&hd, i, keys_seen(sh, i), sh->scale, S, o, &lse);
+                    fp8_forward_row(&hd, i, keys_seen(sh, i), sh->scale, S, o, &lse, NULL);
                     for (int c = 0; c < d; c++) O[idx4(sh, b, h, i, c)] = round_to_dtype((float)o[c], DT_F16);
                     L[idx3(sh, b, h, i)] = (float)lse;
                 }
