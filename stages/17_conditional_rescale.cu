@@ -13,7 +13,7 @@
  *     the skip is one uniform branch after it (notes/17_conditional_rescale.md: the SASS).
  *   --counters counts a rescale per row that moved its max, as stages 4 to 9 and 14 count theirs
  *   (a count of rows: the vote rescales all 16 rows of a warp when any of them moves).
- * Why: stage 14 rescales O_i at every tile, the d / 2 FMULs per row and tile of O_i *= alpha, on
+ * Why: stage 14 rescales O_i at every tile, the d / 2 FMULs per thread and tile of O_i *= alpha, on
  *   the path between the P V wait and the next P V issue; and after the first few tiles of a row the
  *   max rarely rises, and almost never by a factor of 256. The division by l_i at the end, against
  *   the same m, keeps the result exact whichever m a row keeps.

@@ -6,7 +6,7 @@
  *   j = rint(x) by a magic-number add, p a degree-5 minimax polynomial, j added to the exponent
  *   bits: in the SASS three FADD, five FFMA, one IMAD and a compare and select, 11 instructions
  *   where MUFU takes one), the rest through MUFU's ex2.approx as before. The share per head dim is
- *   in cfg: an eighth at d = 64, a sixteenth at d = 128, none at d = 256.
+ *   in cfg: an eighth at d = 64, none at d = 128 and 256 (stage 17's exponentials there).
  * Why: MUFU does 16 ex2 per clock and SM, 8 clocks per warp instruction on each of the four
  *   schedulers, which issue one warp instruction per clock. At d = 64 a warp's unmasked tile is 66
  *   MUFU.EX2 (528 clocks of its scheduler's MUFU) and 425 instructions in all (425 issue clocks);
@@ -105,10 +105,12 @@ namespace {
  *          d = 256 too).
  * EARLY_Q at d = 64 only: at d = 128 and 256 O keeps its staging through Q_i and its 16-byte
  * stores (the early Q_i measured below 1x there: notes/14_persistent.md).
- * POLY_EVERY: 8 at d = 64 (r = 1/8; instruction issue and MUFU meet near r = 0.09, above), 16 at d = 128
- * (r = 1/16, one n8 tile of a row's sixteen: the softmax is half the matmuls' time there, so little
- * to win), 0 at d = 256; bench/ablations/18_more_poly.cu and 18_less_poly.cu time twice and half
- * the share, stage 17 none.
+ * POLY_EVERY: 8 at d = 64 (r = 1/8: inside [1/32, 1/7], where the throughput model of
+ * notes/18_exp2_two_pipes.md has the tensor cores, not MUFU or issue, bind); 0 at d = 128 (MUFU's
+ * time is half the tensor cores' there, and the smallest share, 1/16, measured 2% slower than none:
+ * bench/ablations/18_more_poly.cu builds it) and at d = 256 (the softmax is a quarter of the
+ * matmuls'); bench/ablations/18_more_poly.cu and 18_less_poly.cu time twice and half the d = 64
+ * share, stage 17 none.
  * Short causal problems at d = 64 take two consumer warpgroups (short_causal, below).
  * What each choice measured: notes/13_pingpong.md, notes/14_persistent.md, notes/18_exp2_two_pipes.md. */
 template <int HeadDim>
@@ -116,7 +118,7 @@ struct cfg;
 template <>
 struct cfg<64> { static constexpr int HeadDim = 64, NWARPGROUPS = 3, Bc = 128, STAGES = 4, TURNED = 1, PINGPONG = 1, OVERLAP = 1, EARLY_Q = 1, POLY_EVERY = 8; };
 template <>
-struct cfg<128> { static constexpr int HeadDim = 128, NWARPGROUPS = 2, Bc = 128, STAGES = 3, TURNED = 1, PINGPONG = 1, OVERLAP = 1, EARLY_Q = 0, POLY_EVERY = 16; };
+struct cfg<128> { static constexpr int HeadDim = 128, NWARPGROUPS = 2, Bc = 128, STAGES = 3, TURNED = 1, PINGPONG = 1, OVERLAP = 1, EARLY_Q = 0, POLY_EVERY = 0; };
 template <>
 struct cfg<256> { static constexpr int HeadDim = 256, NWARPGROUPS = 2, Bc = 64, STAGES = 2, TURNED = 0, PINGPONG = 0, OVERLAP = 0, EARLY_Q = 0, POLY_EVERY = 0; };
 /* Under a causal mask the Q tiles of 192 rows reach far past the diagonal where a head has few of
@@ -194,7 +196,9 @@ struct tiles {
  * moves and O_i and l_i are rescaled. Below it the tile's P = exp2(scale_log2 S - scale_log2 m_i)
  * is at most 2^TAU = 256: far inside fp16's and bf16's range (65504; 3.4e38), so P_ij still packs
  * into the 16-bit operand of P V with its full relative precision, and l_i (at most N 2^TAU) and O_i
- * stay far from fp32's limits. (With FP8's P, whose largest value is 448, TAU = 8 would not be safe.)
+ * stay far from fp32's limits. (Not so in an FP8 forward: it carries P scaled up into P V, e.g.
+ * 256 P to keep small P out of e4m3's subnormals, and e4m3's largest value is 448, so P up to
+ * 2^TAU under a stale max would overflow; an FP8 forward keeps the exact max, P <= 1.)
  * The result is exact whichever m a row keeps: O_i and l_i are both sums of exp2(s - m) against the
  * same m, so the division O_i / l_i and L = m + log l do not depend on it. */
 constexpr float TAU = 8.f;

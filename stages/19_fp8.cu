@@ -98,7 +98,9 @@ namespace {
  *          the 128-byte swizzle wants 128 of them.
  * EARLY_Q everywhere: the epilogue stores O (16-bit) from the accumulators, since Q_i, one byte an
  * element, is too small to stage it.
- * POLY_EVERY: stage 18's shares (an eighth at d = 64, a sixteenth at d = 128, none at 256). */
+ * POLY_EVERY: an eighth at d = 64 (stage 18's), a sixteenth at d = 128, where stage 18 has none: FP8's
+ * matmuls take half fp16's time, so MUFU (1056 clocks a round at d = 128) is now level with the
+ * tensor cores (1024), not at half of them; none at 256. */
 template <int HeadDim>
 struct cfg;
 template <>

@@ -1,7 +1,6 @@
 /* 18_less_poly.cu: stage 18 with half its share of exponentials on the FMA pipe: every 16th n8 tile
- * of S's columns by the polynomial at d = 64 (stage 18: every 8th; one n8 tile of a row's sixteen),
- * every 32nd at d = 128 (stage 18: every 16th; at Bc = 128 a row has sixteen, so none: stage 17's
- * exponentials); d = 256 as in stage 18 (none). Timed beside stage 18 by bench/ablate.sh. */
+ * of S's columns by the polynomial at d = 64 (stage 18: every 8th; one n8 tile of a row's sixteen);
+ * d = 128 and 256 as in stage 18 (none). Timed beside stage 18 by bench/ablate.sh. */
 #include "stages/18_exp2_two_pipes.cu"
 #include "common/ablation.h"
 
