@@ -19,8 +19,9 @@
  *      MN-major). Each block's fp32 dQ tile is staged in shared memory and added into the fp32
  *      accumulator in HBM by one bulk reduce-add (cp.reduce.async.bulk), issued by a dQ writer
  *      warp of its own: one instruction per tile instead of stage 10's float2 atomics;
- *   4. --deterministic: the blocks of a head add into each dQ tile in the order of their K/V tile,
- *      a counter per dQ tile (dq_sem) saying whose turn it is.
+ *   4. --deterministic: the blocks of a head add into each dQ tile in a fixed order of their K/V
+ *      tiles (first to last; last to first under the causal mask, dq_turn), a counter per dQ tile
+ *      (dq_sem) saying whose turn it is.
  * Why: stage 10's mma.sync backward reaches about 0.58x cuDNN's backward on an H100 or H200, whose
  *   tensor cores run wgmma at twice the rate of mma.sync; the backward is two thirds of training's
  *   attention time. The arithmetic (notes/16_hopper_backward.md): 5 products per tile pair against
