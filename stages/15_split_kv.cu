@@ -127,7 +127,7 @@ struct tiles {
  * common/cuda/launch.cuh), Bc keys per K/V tile so that a tile of K and V is 32 KiB either way.
  * Three tiles in the ring make 96 KiB (Q_i borrows the last buffer until the loop starts): two
  * blocks share an SM on sm_90 (227 KiB), with four tiles (128 KiB) requested per SM at any time,
- * more than an SM's share of HBM's bytes in flight (Little's law: ~4.5 TB/s x ~1 us / 132 SMs ~ 35
+ * more than an SM's share of HBM's bytes in flight (Little's law: ~4.8 TB/s x ~1 us / 132 SMs ~ 35
  * KiB); and it fits the 99 KiB of consumer GPUs and the A100's 163. A T4 (64 KiB) takes a ring of
  * two: the same tiles and warps, one tile copying while one computes, 64 KiB; its merge takes at
  * most 512 slices (its splits rule asks for at most one per resident block, 40 on a T4). The tile
