@@ -334,7 +334,7 @@ SANITIZE_SHAPES_stage16 := "--seqlen 257 --dim 128 --dtype bf16 --causal" "--seq
                            "--seqlen 1000 --dim 128 --causal --deterministic" "--seqlen 65 --dim 64 --dtype bf16 --causal"
 SANITIZE_SHAPES_stage17 := $(SANITIZE_SHAPES_stage14)
 SANITIZE_SHAPES_stage18 := $(SANITIZE_SHAPES_stage14)
-# stage 19 takes fp8 alone, d = 128 and 256: its own shapes (tails of the 128-row tiles and of the
+# stage 19 takes fp8 alone, d = 64, 128 and 256: its own shapes (tails of the 128-row tiles and of the
 # 64-row quantization blocks, the diagonal, --hadamard 0, many heads)
 SANITIZE_BASE_stage19 := "--dtype fp8 --seqlen 1 --dim 128" "--dtype fp8 --seqlen 100 --dim 128 --causal --counters" \
                          "--dtype fp8 --seqlen 257 --dim 64 --causal" \
@@ -371,12 +371,12 @@ sanitize: $(GPU_BINS)
 gpu-suites: all
 	tests/gpu_suites.sh
 
-# the grid's GPU stages whose rows are forward: all but stage 10, which measures a backward (make
+# the grid's GPU stages whose rows are forward: all but stages 10 and 16, which measure a backward (make
 # bench-ncu runs these; the charts name the ones with no rows yet)
 FWD_BINS = $(filter-out stage10 stage16,$(GRID_BINS))
 
 # every GPU stage of the grid and PyTorch's SDPA (flash, cuDNN) over the FA-2 paper's grid, in one
-# run, appended to bench/data/<gpu>.csv (stage 10's rows are its backward)
+# run, appended to bench/data/<gpu>.csv (stages 10 and 16's rows are their backward)
 bench: $(GRID_BINS)
 	FA_COMMIT=$(COMMIT) STAGES="$(GRID_BINS)" bench/bench.sh
 

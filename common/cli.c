@@ -187,7 +187,7 @@ static void defaults(const struct stage *st, struct opts *o)
     }
     if (st->max_seqlen) {
         /* a stage written for generation: one step of a decoder, a query per head (N = 1) against a
-         * 16k cache, 32 query heads over 8 KV heads of 128 (the shape its issue measures) */
+         * 16k cache, 32 query heads over 8 KV heads of 128 (the shape make bench-decode measures) */
         o->sh.B = 8, o->sh.H = 32, o->sh.N = 1, o->sh.N_kv = 16384, o->sh.H_kv = 8;
         if (st->dims[0] == 0 || st->dims[0] == 128 || st->dims[1] == 128) o->sh.d = 128;
     }

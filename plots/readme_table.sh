@@ -155,8 +155,8 @@ table=$(csv_awk -f "$here/grid.awk" -v N="$n" -v D="$d" -v gpu="$gpu" -v gfile="
     over = sprintf("over the grid'"'"'s %%d points with N ≥ %d (d = 64 and 128, causal and not)", minn)
     s = fwd_stage
     if (grid_over(s, "torch-flash", "fwd", "", grid))
-      printf "- Forward, " over ": stage %s runs at %.2f to %.2f times FlashAttention-2'"'"'s speed, geometric mean %.2f (run %s, both measured in it).\n",
-        OV_n, num(s), OV_min, OV_max, OV_gm, OV_run
+      printf "- Forward, " over ": stage %s runs at %.2f to %.2f times FlashAttention-2'"'"'s speed, geometric mean %.2f (run %s, both measured in it; `plots/ratio.sh --min-n %d --commit %s %s torch-flash`).\n",
+        OV_n, num(s), OV_min, OV_max, OV_gm, OV_run, minn, OV_run, s
     else if (OV_run == "")
       printf "- Stage %s against FlashAttention-2 over the grid: not measured yet (no stage %s forward rows in `%s`; `make bench`).\n", num(s), num(s), gfile
     else
@@ -175,16 +175,20 @@ table=$(csv_awk -f "$here/grid.awk" -v N="$n" -v D="$d" -v gpu="$gpu" -v gfile="
         else printf "- Stage %s against FlashAttention-2'"'"'s backward over the grid: torch-flash was not measured in stage %s'"'"'s run %s.\n", num(s), num(s), OV_run
         continue
       }
-      r = OV_run; n0 = OV_n; np = 0
+      r = OV_run; n0 = OV_n; np = 0; refs = "torch-flash"
       part[++np] = sprintf("%.2f to %.2f times FlashAttention-2'"'"'s backward (geometric mean %.2f)", OV_min, OV_max, OV_gm)
-      if (grid_over(s, "torch-cudnn", "bwd", r, grid))
+      if (grid_over(s, "torch-cudnn", "bwd", r, grid)) {
         part[++np] = sprintf("%.2f to %.2f times cuDNN'"'"'s (geometric mean %.2f%s)", OV_min, OV_max, OV_gm, OV_n == n0 ? "" : sprintf(", %d points", OV_n))
-      if ((s in prev_bwd) && grid_over(s, prev_bwd[s], "bwd", r, grid))
+        refs = refs ", torch-cudnn"
+      }
+      if ((s in prev_bwd) && grid_over(s, prev_bwd[s], "bwd", r, grid)) {
         part[++np] = sprintf("%.2f to %.2f times stage %s'"'"'s (geometric mean %.2f%s)", OV_min, OV_max, num(prev_bwd[s]), OV_gm, OV_n == n0 ? "" : sprintf(", %d points", OV_n))
+        refs = refs ", " prev_bwd[s]
+      }
       line = part[1]
       for (j = 2; j <= np; j++) line = line (j == np ? " and " : ", ") part[j]
-      printf "- Backward, " over ": stage %s%s runs at %s; run %s, all measured in it.\n",
-        n0, num(s), (s == best && nbm > 1) ? ", the course'"'"'s fastest backward," : "", line, r
+      printf "- Backward, " over ": stage %s%s runs at %s; run %s, all measured in it (`plots/ratio.sh --dir bwd --min-n %d --commit %s %s REF`, REF %s).\n",
+        n0, num(s), (s == best && nbm > 1) ? ", the course'"'"'s fastest backward," : "", line, r, minn, r, s, refs
     }
   }' "$here/labels.csv" "$ccsv" "$gcsv")
 
@@ -223,7 +227,7 @@ if [ -r "$dcsv" ]; then
         key = bs[bi] " " kv[k]
         if ((bk[i] " " key) in tt && (!(key in best) || tt[bk[i] " " key] < best[key])) { best[key] = tt[bk[i] " " key]; who[key] = bk[i] }
       }
-      printf "\n\nGeneration (`make bench-decode`): one query per head against a KV cache of N_kv positions, %s; `%s`, run %s. The target: at N_kv ≥ 16k stage 15 takes at most 1 / %.2f of the time of a kernel that only reads its K and V (the read takes at least %d%% of its time), and from N_kv ≥ 4k no PyTorch backend is faster; `bench/bench_decode.sh --verdict %s` checks both on the run'"'"'s rows (a device-to-device copy of 1 GiB ran at %.1f GB/s in it).%s\n\n", shape, dfile, last, share / 100, share, last, copy, renamed ? " Rows named stage14 in the file are stage 15, measured when it was numbered 14." : ""
+      printf "\n\nGeneration (`make bench-decode`): one query per head against a KV cache of N_kv positions, %s; `%s`, run %s. The target: at N_kv ≥ 16k stage 15 takes at most 1 / %.2f of the time of a kernel that only reads its K and V (the read takes at least %d%% of its time), and from N_kv ≥ 4k no PyTorch backend is faster; `bench/bench_decode.sh --verdict %s` checks both on the run'"'"'s rows, and exits 1 where a claim fails (a device-to-device copy of 1 GiB ran at %.1f GB/s in it).%s\n\n", shape, dfile, last, share / 100, share, last, copy, renamed ? " Rows named stage14 in the file are stage 15, measured when it was numbered 14." : ""
       nr = 0; for (key in rd) nr++ # (runs before bench-decode timed the read have no such rows: no column)
       printf "| stage | B | N_kv | time |%s --splits 1 (a block per batch and KV head) | the fastest PyTorch backend, same run |\n", nr ? " a kernel that only reads K and V | its share of the stage'"'"'s time |" : ""
       print "|---|---|---|---|---|---|" (nr ? "---|---|" : "")
