@@ -85,7 +85,8 @@ namespace {
  *          between block barriers every tile; here there are none): a tile of 64 keys has the same
  *          waits and softmax bookkeeping for half the work. Turned: of the four stages the consumers hold two and the copy
  *          engine fills two.
- * d = 128: at 160 registers ptxas spills 8 bytes (two stores and loads per tile), and beside a Q_i
+ * d = 128: at 160 registers ptxas spills 24 bytes (three 8-byte values stored once, reloaded
+ *          every tile), and beside a Q_i
  *          of 192 rows only two stages fit: not turned, so that the copy engine fills one stage
  *          while the consumers read the other.
  * d = 256: O_i alone is 128 registers: two warpgroups. Two stages (three do not fit), not turned,
