@@ -1,6 +1,7 @@
-/* test_ring.c: stage 20, ring attention, where the machine has one GPU: P ranks share it and pass
- * their K/V blocks by device-to-device copies (--transport copy), which runs the ring's schedule,
- * the zigzag's pairs of chunks and the merge exactly as over NCCL, the transfer aside.
+/* test_ring.c: stage 20, ring attention. On one GPU, P ranks share it and pass their K/V blocks by
+ * device-to-device copies (--transport copy), which runs the ring's schedule, the zigzag's pairs of
+ * chunks and the merge exactly as over NCCL, the transfer aside; where the machine has a GPU per
+ * rank, ring::nccl_vs_reference runs the transfers themselves.
  *
  * ring::vs_reference     P = 2, 4, 8 ranks, N in {1, 37, 1000, 1537} (2P chunks with tails, chunks
  *                        of padding only at N = 1 and 37, the ragged chunk of a full problem cut

@@ -13,5 +13,5 @@ struct more_poly : cfg<HeadDim> {
 };
 } // namespace
 
-ABLATION(18_more_poly, stage18_desc, "stage18-more-poly", "stage 18 with twice the polynomial's share of exp2",
-         forward<more_poly>, NULL, NULL)
+ABLATION(18_more_poly, stage18_desc, "stage18-more-poly",
+         "stage 18 with more of exp2 on the polynomial (twice at d = 64, 1/16 at d = 128)", forward<more_poly>, NULL, NULL)
