@@ -83,12 +83,11 @@ namespace {
  *
  * d = 64:  the third warpgroup fits in 160 registers. Bc = 128, not stage 11's 64 (faster there,
  *          between block barriers every tile; here there are none): a tile of 64 keys has the same
- *          waits and softmax bookkeeping for half the work. Turned: of the four stages the consumers hold two and the copy
- *          engine fills two.
+ *          waits and softmax bookkeeping for half the work. Turned: of the four stages the
+ *          consumers hold two and the copy engine fills two.
  * d = 128: at 160 registers ptxas spills 24 bytes (three 8-byte values stored once, reloaded
- *          every tile), and beside a Q_i
- *          of 192 rows only two stages fit: not turned, so that the copy engine fills one stage
- *          while the consumers read the other.
+ *          every tile), and beside a Q_i of 192 rows only two stages fit: not turned, so that the
+ *          copy engine fills one stage while the consumers read the other.
  * d = 256: O_i alone is 128 registers: two warpgroups. Two stages (three do not fit), not turned,
  *          so that tile j's stage is freed as soon as P_ij V_j is done and tile j+2 has the whole
  *          of tile j+1's work to land in (turned, it would have only tile j+1's softmax).

@@ -65,10 +65,8 @@ namespace {
  *                FMA pipe (exp2_poly, common/cuda/exp2_poly.cuh), the others by MUFU's ex2; 0: all
  *                by MUFU; -1 (the floor ablation bench/ablations/18_free_exp.cu only): none at all,
  *                P = the exponent itself, a wrong result timed to show what free exponentials buy;
- *                -k, k >= 2 (the floors bench/ablations/18_exp_only*.cu only): the exponentials
- *                and their row sums alone, every k-th n8 tile by the polynomial (none where
- *                k > Bc / 8), with no row max and no rescale, a wrong result timed to show the
- *                most a softmax that computes every exponential could reach;
+ *                other negative values: the floors of bench/ablations/18_exp_only.cuh, which put
+ *                their own tile_softmax in place;
  *   EARLY_Q      1: each consumer warp frees Q_i for the next work item's as soon as the item's last
  *                S = Q K^T has completed, not after the epilogue, so that the next Q_i is copied
  *                under the item's last P V, softmax and epilogue instead of before the next item's
@@ -259,32 +257,19 @@ __device__ __forceinline__ bool online_softmax_stale(float (&S)[M_TILES][KT][4],
     return any;
 }
 
-/* The floor of bench/ablations/18_exp_only.cu (POLY_EVERY = -EVERY, EVERY >= 2): a softmax of its
- * exponentials and their row sums alone, P = exp2(scale_log2 S), l_i += rowsum(P), every EVERY-th n8
- * tile by the polynomial; no max, no rescale (the result is wrong; only its time counts). The sums
- * stay: the vote reads l_i, which is what keeps every exponential above the wait for P V (below). */
-template <int EVERY, int M_TILES, int KT>
-__device__ __forceinline__ bool exponentials_only(float (&S)[M_TILES][KT][4], float (&l_i)[M_TILES][2],
-                                                  float (&alpha)[M_TILES][2], bool (&moved)[M_TILES][2],
-                                                  float scale_log2)
-{
-#pragma unroll
-    for (int mt = 0; mt < M_TILES; mt++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            float sum = 0.f;
-#pragma unroll
-            for (int nt = 0; nt < KT; nt++)
-#pragma unroll
-                for (int e = 2 * h; e < 2 * h + 2; e++) {
-                    const float x = S[mt][nt][e] * scale_log2;
-                    S[mt][nt][e] = nt % EVERY == EVERY - 1 ? exp2_poly(x) : exp2_approx(x);
-                    sum += S[mt][nt][e];
-                }
-            alpha[mt][h] = 1.f, moved[mt][h] = false, l_i[mt][h] += sum;
-        }
-    return false;
-}
+/* A tile's softmax for a POLY_EVERY: online_softmax_stale. A class template, not a bare call, so
+ * that a floor can put another softmax in its place for a POLY_EVERY of its own
+ * (bench/ablations/18_exp_only.cuh). */
+template <int POLY_EVERY>
+struct tile_softmax {
+    template <int M_TILES, int KT>
+    static __device__ __forceinline__ bool run(float (&S)[M_TILES][KT][4], float (&m_i)[M_TILES][2],
+                                               float (&l_i)[M_TILES][2], float (&alpha)[M_TILES][2],
+                                               bool (&moved)[M_TILES][2], float scale_log2)
+    {
+        return online_softmax_stale<POLY_EVERY>(S, m_i, l_i, alpha, moved, scale_log2);
+    }
+};
 
 /* --counters: one rescale counted per row of the warp that moved its max (rows past N are not) */
 template <int M_TILES, class Tally>
@@ -591,11 +576,7 @@ stage18_exp2_two_pipes_kernel(const __grid_constant__ CUtensorMap tmap_Q, const 
             if (key0 + Bc > N || (causal && key0 + Bc - 1 > q0)) mask_scores(S_ij, key0, q0 + row0, N, causal);
 
             bool moved[M_TILES][2];
-            bool any;
-            if constexpr (Tiles::POLY_EVERY < -1) /* a floor (bench/ablations/18_exp_only.cu) */
-                any = exponentials_only<-Tiles::POLY_EVERY>(S_ij, l_i, alpha, moved, scale_log2);
-            else
-                any = online_softmax_stale<Tiles::POLY_EVERY>(S_ij, m_i, l_i, alpha, moved, scale_log2);
+            const bool any = tile_softmax<Tiles::POLY_EVERY>::run(S_ij, m_i, l_i, alpha, moved, scale_log2);
             /* The vote: whether any row of the warp moved, the same answer in every lane. It also
              * reads l_i (l_i < 0 never holds), so that it needs every exponential of the tile: with
              * OVERLAP the wait for P V branches on the vote (below), which keeps the softmax above

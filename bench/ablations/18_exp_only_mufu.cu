@@ -4,6 +4,7 @@
  * time for FMA-pipe time and instruction issue, and which one wins is what the pair measures. Run:
  * make ablations && bench/ablations/18_exp_only_mufu --no-check --batch 4 --heads 32 --seqlen 4096 --dim 64 */
 #include "stages/18_exp2_two_pipes.cu"
+#include "bench/ablations/18_exp_only.cuh"
 #include "common/ablation.h"
 
 namespace {
