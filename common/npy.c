@@ -36,8 +36,10 @@ float *npy_read4(const char *path, int dims[4], char *why, size_t n)
         if (fread(ext, 1, 2, f) != 2) { snprintf(why, n, "%s: truncated header", path); goto done; }
         hlen = pre[8] | (size_t)pre[9] << 8 | (size_t)ext[0] << 16 | (size_t)ext[1] << 24;
     }
+    /* NumPy writes headers of a few hundred bytes: a length past 1 MiB is a corrupt file */
+    if (hlen > (1 << 20)) { snprintf(why, n, "%s: malformed header (%zu bytes long)", path, hlen); goto done; }
     hdr = calloc(hlen + 1, 1);
-    if (fread(hdr, 1, hlen, f) != hlen) { snprintf(why, n, "%s: truncated header", path); goto done; }
+    if (!hdr || fread(hdr, 1, hlen, f) != hlen) { snprintf(why, n, "%s: truncated header", path); goto done; }
     const char *descr = npy_field(hdr, "'descr'"), *order = npy_field(hdr, "'fortran_order'"),
                *shp = npy_field(hdr, "'shape'");
     if (!descr || !order || !shp) { snprintf(why, n, "%s: malformed header", path); goto done; }
@@ -66,17 +68,33 @@ float *npy_read4(const char *path, int dims[4], char *why, size_t n)
         while (*p == ' ' || *p == ',') p++;
     }
     if (nd != 4) { snprintf(why, n, "%s: expected a 4-D array [B, H, N, d], got %d dims", path, nd); goto done; }
-    size_t count = 1;
+    /* the elements the file holds after the header: the shape may ask for no more, checked
+     * before anything is allocated (so that a corrupt shape can neither ask for terabytes nor
+     * wrap the count around) */
+    const size_t esz = is_f4 ? 4 : 2;
+    const long data_at = ftell(f);
+    size_t held = 0;
+    if (data_at >= 0 && fseek(f, 0, SEEK_END) == 0) {
+        const long end = ftell(f);
+        held = end > data_at ? (size_t)(end - data_at) / esz : 0;
+    }
+    if (data_at < 0 || fseek(f, data_at, SEEK_SET) != 0) { snprintf(why, n, "%s: cannot seek in it", path); goto done; }
     for (int k = 0; k < 4; k++) {
         if (v[k] < 1 || v[k] > (1L << 30)) { snprintf(why, n, "%s: bad dimension %ld", path, v[k]); goto done; }
         dims[k] = (int)v[k];
+    }
+    size_t count = 1;
+    for (int k = 0; k < 4; k++) {
+        if ((size_t)v[k] > held / count) { snprintf(why, n, "%s: file shorter than its shape says", path); goto done; }
         count *= (size_t)v[k];
     }
-    size_t esz = is_f4 ? 4 : 2;
     raw = malloc(count * esz);
     out = malloc(count * sizeof(float));
     if (!raw || !out || fread(raw, esz, count, f) != count) {
-        snprintf(why, n, "%s: file shorter than its shape says", path);
+        if (!raw || !out)
+            snprintf(why, n, "%s: out of host memory for its %zu elements", path, count);
+        else
+            snprintf(why, n, "%s: cannot read its data", path);
         free(out);
         out = NULL;
         goto done;

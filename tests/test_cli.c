@@ -135,9 +135,10 @@ static void test_write_npy_raw(const char *path, const char *descr, const char *
 }
 
 /* What --load's directory holds: good q.npy and v.npy, and a k.npy that is good, missing, 3-D, of
- * other dims than q.npy, of a dtype the loader does not read, or holding a NaN. */
+ * other dims than q.npy, of a dtype the loader does not read, holding a NaN, or with no data for a
+ * shape whose element count wraps a 64-bit size around to 0 (2^30 * 2^30 * 16 * 1). */
 enum test_load { TEST_NO_LOAD, TEST_LOAD_GOOD, TEST_LOAD_NO_K, TEST_LOAD_K_3D, TEST_LOAD_K_DIMS, TEST_LOAD_K_F8,
-                 TEST_LOAD_K_I4, TEST_LOAD_K_NAN };
+                 TEST_LOAD_K_I4, TEST_LOAD_K_NAN, TEST_LOAD_K_WRAP };
 
 static void test_write_inputs(const char *dir, enum test_load kind)
 {
@@ -169,6 +170,7 @@ static void test_write_inputs(const char *dir, enum test_load kind)
         }
         case TEST_LOAD_K_F8: test_write_npy_raw(path, "<f8", shape, n, 8); break;
         case TEST_LOAD_K_I4: test_write_npy_raw(path, "<i4", shape, n, 4); break;
+        case TEST_LOAD_K_WRAP: test_write_npy_raw(path, "<f4", "(1073741824, 1073741824, 16, 1)", 0, 4); break;
         default: break; /* TEST_LOAD_NO_K: no k.npy at all */
         }
     }
@@ -214,6 +216,7 @@ static const struct test_bad_cli test_bad_cases[] = {
     {"./stage3", {""}, TEST_LOAD_K_DIMS, "k.npy", 0},
     {"./stage3", {""}, TEST_LOAD_K_F8, "<f8", 0},
     {"./stage3", {""}, TEST_LOAD_K_I4, "<i4", 0},
+    {"./stage3", {""}, TEST_LOAD_K_WRAP, "shorter than its shape", 0},
     /* a value given to a flag that takes none */
     {"./stage3", {"--seqlen", "64", "--causal=0"}, TEST_NO_LOAD, "--causal takes no value", 0},
     {"./stage3", {"--csv=no"}, TEST_NO_LOAD, "--csv takes no value", 0},
