@@ -12,7 +12,8 @@
 #     share, which is T_1 / T_P when N1^2 = N^2 / P exactly (the TFLOP/s keep N1's rounding out).
 # Rows appended to bench/data/<gpu>x<P>_ring.csv (not the grid's bench/data/<gpu>.csv): the
 # stage's columns (common/report.c), then gpus (P; 1 for the baseline) and efficiency (empty for
-# the baseline). A line per pair on stderr.
+# the baseline), after each N. A line per pair on stderr; a pair whose run fails (a shape this
+# machine's memory refuses, say) is skipped with its reason, and the others still run.
 # Environment: GPU_COUNTS ("2 4 8"), SEQLENS ("131072 262144 524288 1048576"), HEADS (16), DIM
 # (128), WARMUP (2), ITERS (5), BASE (stage14, or stage9 off Hopper), FA_COMMIT. A run stopped early
 # (a time limit, ^C) keeps the rows of the P it was on.
@@ -36,6 +37,9 @@ header="$stage_header,gpus,efficiency"
 run() { # P N causal: one CSV row of stage20
   ./stage20 --gpus "$1" --seqlen "$2" --batch 1 --heads "$HEADS" --dim "$DIM" $3 --warmup "$WARMUP" --iters "$ITERS" --csv-row
 }
+base_run() { # N1 causal: one CSV row of the baseline
+  ./"$BASE" --seqlen "$1" --batch 1 --heads "$HEADS" --dim "$DIM" $2 --warmup "$WARMUP" --iters "$ITERS" --csv-row
+}
 for P in $GPU_COUNTS; do
   if [ "$P" -gt "$have" ]; then echo "bench_ring: P=$P skipped: $have GPU(s) here" >&2; continue; fi
   rows=$(mktemp)
@@ -43,13 +47,17 @@ for P in $GPU_COUNTS; do
   for N in $SEQLENS; do
     N1=$(awk -v n="$N" -v p="$P" 'BEGIN { x = int(n / sqrt(p) / 128 + 0.5) * 128; print x < 128 ? 128 : x }')
     for causal in "" --causal; do
-      ring=$(run "$P" "$N" "$causal")
-      base=$(./"$BASE" --seqlen "$N1" --batch 1 --heads "$HEADS" --dim "$DIM" $causal --warmup "$WARMUP" --iters "$ITERS" --csv-row)
+      # (a failed run has already said why on stderr)
+      if ! ring=$(run "$P" "$N" "$causal") || ! base=$(base_run "$N1" "$causal"); then
+        echo "bench_ring: P=$P N=$N ${causal:-full}: skipped (a run failed)" >&2
+        continue
+      fi
       eff=$(printf '%s\n%s\n%s\n' "$stage_header" "$ring" "$base" | csv_awk -v p="$P" '
         { t[NR] = get("tflops") + 0 } END { printf "%.3f", t[2] / p / t[3] }')
       printf '%s,%d,%s\n%s,1,\n' "$ring" "$P" "$eff" "$base" >> "$rows"
       echo "bench_ring: P=$P N=$N ${causal:-full}: efficiency $eff (baseline N1=$N1 on one GPU)" >&2
     done
+    csv_keep_rows bench_ring "bench/data/%sx${P}_ring.csv" "$header" "$rows"
   done
   trap - TERM INT
   csv_keep_rows bench_ring "bench/data/%sx${P}_ring.csv" "$header" "$rows"
