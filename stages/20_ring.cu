@@ -411,7 +411,7 @@ int alloc(void **p, size_t bytes, char *why, size_t n)
 void teardown(struct attn_args *a);
 
 /* P ranks on their devices: buffers, streams, events, communicators; the inputs (on device 0)
- * brought to the host once and scattered into each rank's chunks (zero past N). */
+ * brought to the host one tensor at a time and scattered into each rank's chunks (zero past N). */
 int setup(struct attn_args *a, char *why, size_t n)
 {
     int devices = 0;
@@ -445,12 +445,6 @@ int setup(struct attn_args *a, char *why, size_t n)
     const size_t heads = (size_t)a->sh.B * a->sh.H, count = shape_elems(&a->sh);
     /* ragged chunks (fewer than c real keys) are called in pieces only without the causal mask */
     const bool ragged = !a->sh.causal && (long long)2 * P * g->c != a->sh.N;
-    std::vector<uint16_t> host[3];
-    const void *src[3] = {a->Q, a->K, a->V};
-    for (int t = 0; t < 3; t++) {
-        host[t].resize(count);
-        CUDA_TRY(cudaMemcpy(host[t].data(), src[t], count * g->esize, cudaMemcpyDeviceToHost));
-    }
     struct attn_args blk_args = *a;
     blk_args.sh.N = g->c;
     const size_t work = g->blk->workspace_bytes ? g->blk->workspace_bytes(&blk_args) : 0;
@@ -498,12 +492,21 @@ int setup(struct attn_args *a, char *why, size_t n)
             void **scratch[] = {&rk->Qg, &rk->Kg, &rk->Vg};
             for (void **p : scratch) if (int rc = alloc(p, 2 * C, why, n)) return rc;
         }
-        /* scatter: Q's chunks r and 2P - 1 - r, K's and V's into the rank's own block */
-        for (int h = 0; h < 2; h++) {
-            const int k = chunk_of(g, r, h);
-            if (int rc = chunk_copy(g, ptr(rk->Q, h * C), host[0].data(), k, 1, why, n)) return rc;
-            if (int rc = chunk_copy(g, ptr(rk->own, h * C), host[1].data(), k, 1, why, n)) return rc;
-            if (int rc = chunk_copy(g, ptr(rk->own, (2 + h) * C), host[2].data(), k, 1, why, n)) return rc;
+    }
+    /* scatter, one tensor at a time through the host (one tensor's worth of host memory): Q's
+     * chunks r and 2P - 1 - r into rank r's Q, K's and V's into its own block */
+    std::vector<uint16_t> host(count);
+    const void *src[3] = {a->Q, a->K, a->V};
+    for (int t = 0; t < 3; t++) {
+        CUDA_TRY(cudaSetDevice(0));
+        CUDA_TRY(cudaMemcpy(host.data(), src[t], count * g->esize, cudaMemcpyDeviceToHost));
+        for (int r = 0; r < P; r++) {
+            struct rank *rk = &g->ranks[r];
+            CUDA_TRY(cudaSetDevice(rk->dev));
+            for (int h = 0; h < 2; h++) {
+                void *dst = t == 0 ? ptr(rk->Q, h * C) : ptr(rk->own, (t == 1 ? h : 2 + h) * C);
+                if (int rc = chunk_copy(g, dst, host.data(), chunk_of(g, r, h), 1, why, n)) return rc;
+            }
         }
     }
     /* every rank's uploads and zeroing done before the first ring: the comm streams of devices
