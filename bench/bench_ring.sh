@@ -34,11 +34,10 @@ BASE=${BASE:-$([ "$cc" = 9.0 ] && echo stage14 || echo stage9)}
 stage_header=$(./stage20 --gpus 1 --seqlen 128 --batch 1 --heads 1 --iters 1 --warmup 0 --csv | head -1)
 header="$stage_header,gpus,efficiency"
 
-run() { # P N causal: one CSV row of stage20
-  ./stage20 --gpus "$1" --seqlen "$2" --batch 1 --heads "$HEADS" --dim "$DIM" $3 --warmup "$WARMUP" --iters "$ITERS" --csv-row
-}
-base_run() { # N1 causal: one CSV row of the baseline
-  ./"$BASE" --seqlen "$1" --batch 1 --heads "$HEADS" --dim "$DIM" $2 --warmup "$WARMUP" --iters "$ITERS" --csv-row
+run() { # STAGE N causal [flags...]: one CSV row of ./STAGE on B = 1, H = HEADS, d = DIM
+  local stage=$1 n=$2 causal=$3
+  shift 3
+  ./"$stage" --seqlen "$n" --batch 1 --heads "$HEADS" --dim "$DIM" $causal --warmup "$WARMUP" --iters "$ITERS" --csv-row "$@"
 }
 for P in $GPU_COUNTS; do
   if [ "$P" -gt "$have" ]; then echo "bench_ring: P=$P skipped: $have GPU(s) here" >&2; continue; fi
@@ -48,7 +47,7 @@ for P in $GPU_COUNTS; do
     N1=$(awk -v n="$N" -v p="$P" 'BEGIN { x = int(n / sqrt(p) / 128 + 0.5) * 128; print x < 128 ? 128 : x }')
     for causal in "" --causal; do
       # (a failed run has already said why on stderr)
-      if ! ring=$(run "$P" "$N" "$causal") || ! base=$(base_run "$N1" "$causal"); then
+      if ! ring=$(run stage20 "$N" "$causal" --gpus "$P") || ! base=$(run "$BASE" "$N1" "$causal"); then
         echo "bench_ring: P=$P N=$N ${causal:-full}: skipped (a run failed)" >&2
         continue
       fi
@@ -60,6 +59,5 @@ for P in $GPU_COUNTS; do
     csv_keep_rows bench_ring "bench/data/%sx${P}_ring.csv" "$header" "$rows"
   done
   trap - TERM INT
-  csv_keep_rows bench_ring "bench/data/%sx${P}_ring.csv" "$header" "$rows"
   rm -f "$rows"
 done
