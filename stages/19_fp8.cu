@@ -69,8 +69,10 @@ namespace {
  *                softmax while P_ij V_j runs; needs TURNED;
  *   POLY_EVERY   k > 0: the exponentials of every k-th n8 tile of S_ij's columns are computed on the
  *                FMA pipe (exp2_poly, common/cuda/exp2_poly.cuh), the others by MUFU's ex2; 0: all
- *                by MUFU; -1 (the floor ablation bench/ablations/18_free_exp.cu only): none at all,
+ *                by MUFU; -1 (the floor ablation bench/ablations/19_free_exp.cu only): none at all,
  *                P = the exponent itself, a wrong result timed to show what free exponentials buy;
+ *                -2 (bench/ablations/19_mm_only.cu only): no softmax at all, the scores go into
+ *                P V as they are: what the matmuls, the conversions and the pipeline alone take;
  *   EARLY_Q      1: each consumer warp frees Q_i for the next work item's as soon as the item's last
  *                S = Q K^T has completed, not after the epilogue, so that the next Q_i is copied
  *                under the item's last P V, softmax and epilogue instead of before the next item's
@@ -221,8 +223,9 @@ __device__ __forceinline__ bool online_softmax_fp8(float (&S)[M_TILES][KT][4], f
                 const float x1 = fmaf(S[mt][nt][2 * h + 1], c, bias);
                 constexpr int EVERY = POLY_EVERY > 0 ? POLY_EVERY : 1;
                 const bool poly = POLY_EVERY > 0 && nt % EVERY == EVERY - 1;
-                const float p0 = poly ? exp2_poly(x0) : exp2_approx(x0);
-                const float p1 = poly ? exp2_poly(x1) : exp2_approx(x1);
+                /* POLY_EVERY = -1 (the floor bench/ablations/19_free_exp.cu): no exponential at all */
+                const float p0 = POLY_EVERY < 0 ? x0 : poly ? exp2_poly(x0) : exp2_approx(x0);
+                const float p1 = POLY_EVERY < 0 ? x1 : poly ? exp2_poly(x1) : exp2_approx(x1);
                 S[mt][nt][2 * h] = p0, S[mt][nt][2 * h + 1] = p1;
                 if (nt < KT / 2) sum0 += p0 + p1;
                 else sum1 += p0 + p1;
@@ -565,9 +568,13 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
              * the tiles that cross the diagonal (some key after some query of this tile). */
             if (key0 + Bc > N || (causal && key0 + Bc - 1 > q0)) mask_scores(S_ij, key0, q0 + row0, N, causal);
 
-            bool moved[M_TILES][2];
-            const bool any = online_softmax_fp8<Tiles::POLY_EVERY>(S_ij, m_i, l_i, alpha, moved, tf.c0, tf.c1, tf.lf0,
-                                                                   tf.lf1, tf.inv_f0, tf.inv_f1);
+            bool moved[M_TILES][2] = {};
+            bool any = false;
+            if constexpr (Tiles::POLY_EVERY == -2) /* the floor bench/ablations/19_mm_only.cu: no softmax at all */
+                for (int h = 0; h < 2; h++) alpha[0][h] = 1.f;
+            else
+                any = online_softmax_fp8<Tiles::POLY_EVERY>(S_ij, m_i, l_i, alpha, moved, tf.c0, tf.c1, tf.lf0, tf.lf1,
+                                                            tf.inv_f0, tf.inv_f1);
             /* The vote: whether any row of the warp moved, the same answer in every lane. It also
              * reads l_i (l_i < 0 never holds), so that it needs every exponential of the tile: with
              * OVERLAP the wait for P V branches on the vote (below), which keeps the softmax above
