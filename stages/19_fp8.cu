@@ -70,7 +70,8 @@ namespace {
  *   POLY_EVERY   k > 0: the exponentials of every k-th n8 tile of S_ij's columns are computed on the
  *                FMA pipe (exp2_poly, common/cuda/exp2_poly.cuh), the others by MUFU's ex2; 0: all
  *                by MUFU; -1 (the floor ablation bench/ablations/19_free_exp.cu only): none at all,
- *                P = the exponent itself, a wrong result timed to show what free exponentials buy;
+ *                P = |the exponent| (>= 0, so that l_i's vote never calls for a rescale the stage
+ *                would not make), a wrong result timed to show what free exponentials buy;
  *                -2 (bench/ablations/19_mm_only.cu only): no softmax at all, the scores go into
  *                P V as they are: what the matmuls, the conversions and the pipeline alone take;
  *   EARLY_Q      1: each consumer warp frees Q_i for the next work item's as soon as the item's last
@@ -224,8 +225,8 @@ __device__ __forceinline__ bool online_softmax_fp8(float (&S)[M_TILES][KT][4], f
                 constexpr int EVERY = POLY_EVERY > 0 ? POLY_EVERY : 1;
                 const bool poly = POLY_EVERY > 0 && nt % EVERY == EVERY - 1;
                 /* POLY_EVERY = -1 (the floor bench/ablations/19_free_exp.cu): no exponential at all */
-                const float p0 = POLY_EVERY < 0 ? x0 : poly ? exp2_poly(x0) : exp2_approx(x0);
-                const float p1 = POLY_EVERY < 0 ? x1 : poly ? exp2_poly(x1) : exp2_approx(x1);
+                const float p0 = POLY_EVERY < 0 ? fabsf(x0) : poly ? exp2_poly(x0) : exp2_approx(x0);
+                const float p1 = POLY_EVERY < 0 ? fabsf(x1) : poly ? exp2_poly(x1) : exp2_approx(x1);
                 S[mt][nt][2 * h] = p0, S[mt][nt][2 * h + 1] = p1;
                 if (nt < KT / 2) sum0 += p0 + p1;
                 else sum1 += p0 + p1;
@@ -488,8 +489,8 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
 
         /* The scales (fp8_quantize_kernel's, one per 64 rows of a head): sq, this warpgroup's 64
          * rows of Q_i; SV, the largest V scale of the head, which P carries (below): each warp
-         * reads the head's blocks that hold keys (a block wholly past N, padding, has scale 1,
-         * which would shrink every P it does not touch), a lane every 32nd, and takes their max. */
+         * reads the head's blocks that hold keys (a block wholly past N, padding, is left out), a
+         * lane every 32nd, and takes their max. */
         const float *qs = q_scales + (size_t)W.bh * NB, *ks = k_scales + (size_t)W.bh * NB, *vs = v_scales + (size_t)W.bh * NB;
         /* (a Q tile of 192 rows, d = 64, may end past Npad: its last warpgroup's rows are then all
          * past N, zeros, and it reads the head's last scale instead) */

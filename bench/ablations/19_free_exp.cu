@@ -1,6 +1,6 @@
 /* 19_free_exp.cu: a floor, not an ablation that still computes attention: stage 19 with no
- * exponential at all (POLY_EVERY = -1: P is the exponent itself, so the output is wrong and the
- * check fails; time it with --no-check). Everything else runs as in the stage: the quantization,
+ * exponential of a score (POLY_EVERY = -1: P is the exponent's absolute value, so the output is
+ * wrong and the check fails; time it with --no-check). Everything else runs as in the stage: the quantization,
  * the matmuls, the pipeline, the turns, the row maxima and sums. What it measures: the most that
  * any way of computing the exponentials could buy in FP8, where the matmuls take half as long as
  * in fp16 and the softmax does not shrink. Run: make ablations && bench/ablations/19_free_exp
