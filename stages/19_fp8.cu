@@ -500,8 +500,10 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
 #pragma unroll
         for (int m = 16; m > 0; m /= 2) SV = fmaxf(SV, __shfl_xor_sync(FULL_MASK, SV, m));
         /* Tile j's factors, for its two halves of 64 keys: the exponent's c_h = scale log2(e) sq
-         * sk_h, and P's f_h = 256 sv_h / SV, so that P V8 f_h SV / 256 = P (sv_h V8), the true P V;
-         * read as the tile's S is issued, so the loads run under the wgmma */
+         * sk_h, and P's f_h = 256 sv_h / SV, so that P V8 f_h SV / 256 = P (sv_h V8), the true P V.
+         * Read once the turn is given away: the loads' latency, the log2 and the reciprocal then
+         * run while the tensor cores compute S. Read before turn_end, ptxas placed that wait (an
+         * L1 hit's latency and more) inside the turn, where the other warpgroup waits on it. */
         struct tile_factors { float c0, c1, lf0, lf1, inv_f0, inv_f1; };
         auto factors = [&](int j) {
             const float k0 = __ldg(ks + 2 * j), k1 = __ldg(ks + 2 * j + 1);
@@ -614,8 +616,8 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
             const int key0 = j * Bc; /* first key of this tile */
             float S_ij[M_TILES][KT][4];
             issue_scores(S_ij, j);
-            const tile_factors tf = factors(j);
             turn_end(); /* this turn's wgmma are issued: the tensor cores are the next warpgroup's */
+            const tile_factors tf = factors(j); /* after the turn: the loads' wait falls under S's */
             wgmma_wait<0>(); /* S_ij in registers (and O_i += P_{i,j-1} V_{j-1} done) */
             wgmma_hold(S_ij[0]);
             wgmma_hold(O_acc[0]);
@@ -652,8 +654,8 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
                 float S_ij[M_TILES][KT][4]; /* S_{i,j+1} */
                 issue_scores(S_ij, j + 1); /* first: the group the softmax waits for */
                 issue_pv(j);               /* second: left running under the softmax */
-                const tile_factors tf = factors(j + 1);
                 turn_end();
+                const tile_factors tf = factors(j + 1); /* after the turn, as in scores */
                 wgmma_wait<1>(); /* S_{i,j+1} in registers; O_i += P_ij V_j may still be running */
                 wgmma_hold(S_ij[0]);
                 release_Q(j + 1); /* the item's last S: Q_i read, while P_ij V_j still runs */
