@@ -499,17 +499,21 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
         for (int b = lane; b < CEIL_DIV(N, FP8_BLOCK_ROWS); b += WARP_SIZE) SV = fmaxf(SV, __ldg(vs + b));
 #pragma unroll
         for (int m = 16; m > 0; m /= 2) SV = fmaxf(SV, __shfl_xor_sync(FULL_MASK, SV, m));
-        /* Tile j's factors, for its two halves of 64 keys: the exponent's c_h = scale log2(e) sq
-         * sk_h, and P's f_h = 256 sv_h / SV, so that P V8 f_h SV / 256 = P (sv_h V8), the true P V.
-         * Read once the turn is given away: the loads' latency, the log2 and the reciprocal then
-         * run while the tensor cores compute S. Read before turn_end, ptxas placed that wait (an
-         * L1 hit's latency and more) inside the turn, where the other warpgroup waits on it. */
+        /* Tile j's scales, two of K and two of V (its halves of 64 keys), and its factors: the
+         * exponent's c_h = scale log2(e) sq sk_h, and P's f_h = 256 sv_h / SV, so that
+         * P V8 f_h SV / 256 = P (sv_h V8), the true P V. The turned loop loads a tile's scales one
+         * tile before it needs them: loaded in the same turn, their latency sat inside the turn
+         * (ptxas hoists the arithmetic on them above the bar.arrive that ends it), where the other
+         * warpgroup waits on it too. A j past the item's tiles loads its last tile's again. */
+        struct tile_scales { float k0, k1, v0, v1; };
         struct tile_factors { float c0, c1, lf0, lf1, inv_f0, inv_f1; };
-        auto factors = [&](int j) {
-            const float k0 = __ldg(ks + 2 * j), k1 = __ldg(ks + 2 * j + 1);
-            const float v0 = __ldg(vs + 2 * j), v1 = __ldg(vs + 2 * j + 1);
-            const float c = scale_log2 * sq, f0 = 256.f / SV * v0, f1 = 256.f / SV * v1;
-            return tile_factors{c * k0, c * k1, __log2f(f0), __log2f(f1), 1.f / f0, 1.f / f1};
+        auto load_scales = [&](int j) {
+            j = min(j, n_tiles - 1);
+            return tile_scales{__ldg(ks + 2 * j), __ldg(ks + 2 * j + 1), __ldg(vs + 2 * j), __ldg(vs + 2 * j + 1)};
+        };
+        auto factors = [&](const tile_scales &t) {
+            const float c = scale_log2 * sq, f0 = 256.f / SV * t.v0, f1 = 256.f / SV * t.v1;
+            return tile_factors{c * t.k0, c * t.k1, __log2f(f0), __log2f(f1), 1.f / f0, 1.f / f1};
         };
 
         /* Tile j's K_j, V_j have landed in ring stage (it0 + j) mod STAGES: the ((it0 + j) / STAGES)-th
@@ -612,12 +616,12 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
         /* Tile j's scores, not overlapped: S_ij issued (after O_i += P_{i,j-1} V_{j-1} when turned: the
          * tensor cores take this group right after it), the turn given away, and one wait for both;
          * then the softmax, O_i rescaled, P_ij packed. */
-        auto scores = [&](int j) {
+        auto scores = [&](int j, const tile_scales &sc) {
             const int key0 = j * Bc; /* first key of this tile */
             float S_ij[M_TILES][KT][4];
             issue_scores(S_ij, j);
             turn_end(); /* this turn's wgmma are issued: the tensor cores are the next warpgroup's */
-            const tile_factors tf = factors(j); /* after the turn: the loads' wait falls under S's */
+            const tile_factors tf = factors(sc);
             wgmma_wait<0>(); /* S_ij in registers (and O_i += P_{i,j-1} V_{j-1} done) */
             wgmma_hold(S_ij[0]);
             wgmma_hold(O_acc[0]);
@@ -644,10 +648,12 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
          * complete in order), the softmax of S_{i,j+1} while the tensor cores do P_ij V_j; then
          * wait for P V, and only then O_i *= alpha and P_{i,j+1} packed (both overwrite registers
          * the running wgmma hold). */
+        const tile_scales sc0 = load_scales(0); /* loaded before the waits below */
         next_tile(0);
         turn_begin();
-        scores(0);
+        scores(0, sc0);
         if constexpr (OVERLAP) {
+            tile_scales sc = load_scales(1); /* tile j + 1's scales at the top of iteration j */
             for (int j = 0; j + 1 < n_tiles; j++) {
                 next_tile(j + 1);
                 turn_begin(); /* S_{i,j+1} and P_ij V_j go to the tensor cores in this turn */
@@ -655,7 +661,8 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
                 issue_scores(S_ij, j + 1); /* first: the group the softmax waits for */
                 issue_pv(j);               /* second: left running under the softmax */
                 turn_end();
-                const tile_factors tf = factors(j + 1); /* after the turn, as in scores */
+                const tile_factors tf = factors(sc); /* tile j + 1's, loaded an iteration ago */
+                sc = load_scales(j + 2);             /* tile j + 2's, for the next */
                 wgmma_wait<1>(); /* S_{i,j+1} in registers; O_i += P_ij V_j may still be running */
                 wgmma_hold(S_ij[0]);
                 release_Q(j + 1); /* the item's last S: Q_i read, while P_ij V_j still runs */
@@ -690,7 +697,7 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
                 }
                 if (j + 1 < n_tiles) {
                     if (!PINGPONG) next_tile(j + 1);
-                    scores(j + 1);
+                    scores(j + 1, load_scales(j + 1));
                 }
             }
         }
