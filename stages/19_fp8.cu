@@ -103,7 +103,8 @@ namespace {
  * element, is too small to stage it.
  * POLY_EVERY: an eighth at d = 64 (stage 18's), a sixteenth at d = 128, where stage 18 has none: FP8's
  * matmuls take half fp16's time, so MUFU (1056 clocks a round at d = 128) is now level with the
- * tensor cores (1024), not at half of them; none at 256. */
+ * tensor cores (1024), not at half of them; none at 256.
+ * Short causal problems at d = 64 take two consumer warpgroups, as in stage 18 (short_causal, below). */
 template <int HeadDim>
 struct cfg;
 template <>
@@ -112,6 +113,18 @@ template <>
 struct cfg<128> { static constexpr int HeadDim = 128, NWARPGROUPS = 2, Bc = 128, STAGES = 4, TURNED = 1, PINGPONG = 1, OVERLAP = 1, EARLY_Q = 1, POLY_EVERY = 16; };
 template <>
 struct cfg<256> { static constexpr int HeadDim = 256, NWARPGROUPS = 2, Bc = 128, STAGES = 2, TURNED = 0, PINGPONG = 0, OVERLAP = 0, EARLY_Q = 1, POLY_EVERY = 0; };
+/* Stage 18's rule for short causal problems at d = 64: a Q tile of 192 rows reaches far past the
+ * diagonal where a head has few tiles (at N = 1024 the 192-row tiles compute 786k scores for the
+ * 525k the mask keeps, tiles of 128 rows 590k), so under the mask and for N <= SHORT_CAUSAL_N the
+ * kernel runs with two consumer warpgroups (Br = 128). The waste is counted in scores, the same in
+ * FP8 as in fp16. */
+template <typename Cfg>
+struct short_causal : Cfg { static constexpr int NWARPGROUPS = 2; };
+constexpr int SHORT_CAUSAL_N = 1024;
+static bool takes_short_causal(const struct shape *sh)
+{
+    return sh->d == 64 && sh->causal && sh->N <= SHORT_CAUSAL_N;
+}
 constexpr int WARPGROUP = 4 * WARP_SIZE; /* threads that issue one wgmma together */
 constexpr int PRODUCER_REGS = 24; /* setmaxnreg, per thread (above); the consumers' share: tiles */
 constexpr size_t SMEM_MAX = 227 * 1024; /* the shared memory a block may have on an H100 or H200 */
@@ -743,9 +756,10 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
  * sees them, writes O in fp16 and L. */
 void hbm_bytes(const struct shape *sh, struct hbm_traffic *t)
 {
-    const double kv_rows = sh->d == 64    ? kv_rows_read<tiles<cfg<64>>>(sh)
-                           : sh->d == 128 ? kv_rows_read<tiles<cfg<128>>>(sh)
-                                          : kv_rows_read<tiles<cfg<256>>>(sh);
+    const double kv_rows = takes_short_causal(sh) ? kv_rows_read<tiles<short_causal<cfg<64>>>>(sh)
+                           : sh->d == 64          ? kv_rows_read<tiles<cfg<64>>>(sh)
+                           : sh->d == 128         ? kv_rows_read<tiles<cfg<128>>>(sh)
+                                                  : kv_rows_read<tiles<cfg<256>>>(sh);
     const double heads = (double)sh->B * sh->H, d = sh->d, N = sh->N, qk = std::max(sh->d, 128); /* Q8's, K8's row */
     t->Q = heads * N * (d * 2 + qk + qk);
     t->KV = heads * N * (2 * d * 2 + qk + d) + heads * kv_rows * (qk + d);
@@ -891,7 +905,9 @@ template <template <int> class Cfg, bool COUNT, bool ATTEND>
 int dispatch_d(const struct attn_args *a, char *why, size_t n)
 {
     switch (a->sh.d) {
-    case 64: return launch<Cfg<64>, COUNT, ATTEND>(a, why, n);
+    case 64:
+        if (takes_short_causal(&a->sh)) return launch<short_causal<Cfg<64>>, COUNT, ATTEND>(a, why, n);
+        return launch<Cfg<64>, COUNT, ATTEND>(a, why, n);
     case 128: return launch<Cfg<128>, COUNT, ATTEND>(a, why, n);
     case 256: return launch<Cfg<256>, COUNT, ATTEND>(a, why, n);
     }
@@ -935,7 +951,9 @@ int tiles_for(const struct attn_args *a, int backward, size_t limit, struct tile
 {
     (void)backward; /* a forward only */
     switch (a->sh.d) {
-    case 64: return tiles_of<Cfg<64>>(&a->sh, limit, c);
+    case 64:
+        if (takes_short_causal(&a->sh)) return tiles_of<short_causal<Cfg<64>>>(&a->sh, limit, c);
+        return tiles_of<Cfg<64>>(&a->sh, limit, c);
     case 128: return tiles_of<Cfg<128>>(&a->sh, limit, c);
     case 256: return tiles_of<Cfg<256>>(&a->sh, limit, c);
     }
