@@ -4,8 +4,9 @@
  *
  * fp8::grid       every (N, d, causal) below with B = 2, H = 3, the Hadamard transform on and off,
  *                 inputs plain and with 4 outlier channels x50 in Q and K (add_outliers);
- * fp8::shapes     one head of a long tail, N = 1, many heads (several work items per block), and
- *                 a problem large enough that the check samples heads and rows.
+ * fp8::shapes     one head of a long tail, N = 1, many heads (several work items per block),
+ *                 a problem large enough that the check samples heads and rows, and d = 64 under
+ *                 the mask past the short causal rule (the grid's causal d = 64 is all within it).
  * A case skips with a one-line reason where there is no CUDA device or not the architecture the
  * stage is built for (sm_90a). ATTN_TEST_STAGES picks stages as for the other grids. */
 #include "common_test.h"
@@ -94,6 +95,7 @@ static const struct { int B, H, N, d, causal; } fp8_shapes[] = {
     {1, 1, 1, 256, 0},    /* one query */
     {4, 150, 65, 128, 1}, /* many heads: several work items per block */
     {2, 8, 4100, 128, 0}, /* large enough that the check samples heads and rows */
+    {1, 2, 1500, 64, 1},  /* d = 64 under the mask past the short causal rule's N: three warpgroups */
 };
 
 ParameterizedTestParameters(fp8, shapes)
