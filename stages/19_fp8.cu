@@ -23,8 +23,8 @@
  *      cancels in Q K^T and spreads an outlier channel over all d (incoherent processing).
  * Why: Hopper's tensor cores run e4m3 at twice the 16-bit rate; the softmax is the same work.
  * d = 64, 128 and 256 (at d = 64 the rows of Q and K are padded with zeros to 128 bytes, one row
- * of the 128-byte swizzle: S's matmul does twice the work it needs, under a softmax that is
- * longer than both matmuls in FP8 anyway).
+ * of the 128-byte swizzle: S's matmul does twice the work it needs; notes/19_fp8.md counts what
+ * that costs).
  * Hopper only: compiled for sm_90a (the Makefile's HOPPER_STAGES); elsewhere it exits 3.
  * The layouts and the error: notes/19_fp8.md.
  * Run: ./stage19 --dtype fp8 --batch 4 --heads 16 --seqlen 4096 --dim 128 */
@@ -99,8 +99,9 @@ namespace {
  * d = 128: stage 18's loop; the ring one stage deeper, since a stage is half the bytes.
  * d = 256: stage 18's loop without turns, but 128 keys a tile, not 64: V_j^T's rows are keys, and
  *          the 128-byte swizzle wants 128 of them.
- * EARLY_Q everywhere: the epilogue stores O (16-bit) from the accumulators, since Q_i, one byte an
- * element, is too small to stage it.
+ * EARLY_Q everywhere: the epilogue stores O (16-bit) from the accumulators: at d = 128 and 256 Q_i,
+ * one byte an element, is half O's 16-bit tile; at d = 64 the padded Q_i would just hold it, but
+ * one epilogue serves all three.
  * POLY_EVERY: an eighth at d = 64 (stage 18's), a sixteenth at d = 128, where stage 18 has none: FP8's
  * matmuls take half fp16's time, so MUFU (1056 clocks a round at d = 128) is now level with the
  * tensor cores (1024), not at half of them; none at 256.
@@ -598,7 +599,7 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
         };
 
         /* S_ij (in registers; key0 = j Bc, its first key) masked and through the online softmax with
-         * the stale max: P_ij in place, as fp32, m_i and l_i updated. Returns whether O_i must be
+         * the exact max: P_ij in place, as fp32, m_i and l_i updated. Returns whether O_i must be
          * rescaled (the same answer in every lane of the warp), O_i's factors in alpha, not applied:
          * with OVERLAP the tensor cores are still adding P_{i,j-1} V_{j-1} into O_i while this runs. */
         auto softmax = [&](float (&S_ij)[M_TILES][KT][4], int key0, const tile_factors &tf, float (&alpha)[M_TILES][2]) {

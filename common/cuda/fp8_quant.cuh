@@ -120,7 +120,7 @@ fp8_quantize_kernel(const __half *__restrict__ X, uint8_t *__restrict__ X8, floa
     __shared__ float warp_max[WARPS];
     /* (TRANSPOSE) the block's V^T: row c holds channel c of the ROWS keys, in V^T's order; rows
      * 4 bytes longer than ROWS, so that the 32 lanes' stores of one step (rows E apart) spread
-     * over 8 banks instead of 1 */
+     * over 16, 8 or 4 banks (d = 64, 128, 256) instead of 1 */
     constexpr int T_ROW = ROWS + 4;
     __shared__ __align__(16) uint8_t vt[TRANSPOSE ? HeadDim : 1][TRANSPOSE ? T_ROW : 1];
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
