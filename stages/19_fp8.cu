@@ -882,8 +882,12 @@ int launch(const struct attn_args *a, char *why, size_t n)
     const struct shape *sh = &a->sh;
     const long long bh = (long long)sh->B * sh->H;
     const long long items = bh * CEIL_DIV(sh->N, Tiles::Br); /* (Q tile, head): the kernel's work items */
-    if (items > 2147483647LL || bh > 65535) {
+    if (bh > 65535) {
         snprintf(why, n, "batch * heads = %lld: the quantization's grid takes at most 65535 heads", bh);
+        return ATTN_UNSUPPORTED;
+    }
+    if (items > 2147483647LL) {
+        snprintf(why, n, "batch * heads * Q tiles = %lld is more work items than the kernel counts (2^31 - 1)", items);
         return ATTN_UNSUPPORTED;
     }
     if (!a->work) {
