@@ -3,7 +3,8 @@
  *
  * For each (batch, head), causal or not, the forward is computed as the FP8 stage computes it, by
  * the emulation the check of an FP8 run uses (fp8_forward_row, common/fp8.h: Q, K, V quantized to
- * e4m3 with fp32 scales; S = sQ sK (Q8 K8^T) and l in fp32; P carried into P V as e4m3(256 P)).
+ * e4m3 with fp32 scales; S = sQ sK (Q8 K8^T) and l in fp32; P carried into P V as e4m3(256 P sV /
+ * SV), SV the head's largest V scale).
  * The ways of quantizing Q, K and V (one fp32 scale = max|x| / 448 over what it covers):
  *   per-tensor        one scale per tensor;
  *   per-block         one per block of BLOCK rows of a head (Q tiles and K/V tiles of BLOCK rows);
@@ -93,7 +94,8 @@ int main(int argc, char **argv)
                 /* per tensor and fp16: one scale a head (block = N); per block: the head quantized
                  * in blocks of `block` rows, after the Hadamard transform of Q and K for "+ H" */
                 struct fp8_head hd = {.d = d, .block = N, .p_dtype = mode == FP16 ? DT_F16 : DT_FP8,
-                                      .q = q + off, .k = k + off, .v = v + off, .sq = sq, .sk = sk, .sv = sv};
+                                      .q = q + off, .k = k + off, .v = v + off, .sq = sq, .sk = sk, .sv = sv,
+                                      .sv_max = sv[0]}; /* one V scale a head: per tensor, or fp16's 1 */
                 if (mode == PER_BLOCK || mode == PER_BLOCK_H)
                     fp8_head_quantize(&hd, &sh, Q, K, V, 0, h, block, mode == PER_BLOCK_H);
                 head_forward(&hd, N, causal, sh.scale, o);

@@ -301,7 +301,7 @@ void compare_grad_head(const struct shape *sh, enum dtype dt, const float *Q, co
  * rule is DESIGN.md's "twice the error of the computation done in the stage's precision, plus a
  * small floor", with that computation done: the FP8 stage's arithmetic emulated on the host
  * (fp8_forward_row in common/fp8.c: the same blocks of FP8_BLOCK_ROWS, the same Hadamard setting
- * and signs, e4m3(256 P) into P V), both against the fp64 oracle on the same fp16 inputs:
+ * and signs, P into P V as e4m3(256 P sV / SV)), both against the fp64 oracle on the same fp16 inputs:
  *   row i of O:  max_c |O_ic - O_ref_ic| <= 2 max_c |O_emu_ic - O_ref_ic| + tol_output(fp16)
  *   L_i:         |L_i - L_ref_i|          <= 2 |L_emu_i - L_ref_i|         + tol_lse(fp16)
  * Why per row and by the row's largest error, not per element: the stage and the emulation round

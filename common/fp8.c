@@ -99,6 +99,8 @@ void fp8_head_quantize(struct fp8_head *hd, const struct shape *sh, const float 
     fp8_quantize(hd->q, N, d, block, hd->sq);
     fp8_quantize(hd->k, N_kv, d, block, hd->sk);
     fp8_quantize(hd->v, N_kv, d, block, hd->sv);
+    hd->sv_max = 0.0f;
+    for (int j = 0; j < CEIL_DIV(N_kv, block); j++) hd->sv_max = fmaxf(hd->sv_max, hd->sv[j]);
 }
 
 void fp8_head_free(struct fp8_head *hd)
@@ -168,14 +170,19 @@ void fp8_forward_row(const struct fp8_head *hd, int i, int keys, float scale, fl
      * place of the products' magnitudes: steps 2^(1 - TC_BITS) of the sum of |q_c k_jc|, the
      * largest over the row's keys. 0 where P is not FP8 (fp32 sums). */
     if (allowance) *allowance = (double)scale * hd->sq[i / block] * mag * steps * ldexp(1.0, 1 - TC_BITS);
-    /* P_ij = exp(scale (S_ij - m_i)), l_i = sum_j P_ij in fp32; O_i = sum_j sV_j P8_ij V8_j / l_i */
+    /* P_ij = exp(scale (S_ij - m_i)), l_i = sum_j P_ij in fp32; O_i = sum_j w_ij V8_j / l_i. FP8: P
+     * is rounded as the stage rounds it, e4m3(P f_j) with f_j = 256 sV_j / SV (SV the head's largest
+     * V scale), and w = e4m3(P f_j) SV / 256: a V block of a scale far below SV puts its P near
+     * e4m3's subnormals (below 2^-6) or under its smallest value (2^-9), on the GPU and here alike.
+     * fp16: w = fp16(P) sV_j (scales of 1). */
     float l = 0.0f;
     for (int c = 0; c < d; c++) o[c] = 0.0;
     for (int j = 0; j < keys; j++) {
         const float P = expf(scale * (S[j] - m));
         l += P;
-        const float Pq = hd->p_dtype == DT_FP8 ? e4m3_to_f32(f32_to_e4m3(256.0f * P)) / 256.0f : round_to_dtype(P, DT_F16);
-        const float w = Pq * hd->sv[j / block];
+        const float w = hd->p_dtype == DT_FP8
+                            ? e4m3_to_f32(f32_to_e4m3(P * (256.0f / hd->sv_max * hd->sv[j / block]))) * (hd->sv_max / 256.0f)
+                            : round_to_dtype(P, DT_F16) * hd->sv[j / block];
         const float *v = hd->v + (size_t)j * d;
         for (int c = 0; c < d; c++) o[c] += (double)(w * v[c]);
     }

@@ -41,9 +41,11 @@ void add_outliers(const struct shape *sh, float factor, enum dtype dt, float *Q,
  *   and K multiplied by the random-sign Hadamard matrix first where the run says so;
  *   S_ij = sQ sK (Q8_i . K8_j), an fp32 sum; m_i = max_j S_ij; P_ij = exp(scale (S_ij - m_i)) in
  *   fp32, l_i = sum_j P_ij in fp32; L_i = scale m_i + log l_i;
- *   P carried into P V as e4m3(256 P_ij): P <= 1, and 256 P <= 256 < 448 keeps its small values
- *   out of e4m3's subnormals (a free factor for a kernel: exp2(x + 8));
- *   O_i = sum_j sV_j e4m3(256 P_ij) V8_j / (256 l_i), each product in fp32, summed in fp64.
+ *   P carried into P V as e4m3(P_ij f_j), f_j = 256 sV_j / SV with SV the head's largest V scale,
+ *   as stage 19 folds V's scale into P: P <= 1, and P f_j <= 256 < 448 keeps the small values of
+ *   the blocks whose scale is SV out of e4m3's subnormals (a free factor for a kernel: exp2(x +
+ *   log2 f_j)); a block of a far smaller scale pushes its P toward them, in the stage as here;
+ *   O_i = sum_j e4m3(P_ij f_j) V8_j SV / (256 l_i), each product in fp32, summed in fp64.
  * The sums of P V are fp64, where a kernel's are fp32: the difference, about sqrt(N) 2^-24 of O,
  * is far below e4m3's rounding (2^-4) and inside the check's floor. The row max is the whole
  * row's, where a kernel's P_ij is relative to the running max of the keys it has seen: the same
@@ -59,10 +61,11 @@ void fp8_quantize(float *x, size_t rows, int d, size_t block, float *scales);
  * block's scale, and the scales sq, sk, sv, one per `block` rows. */
 struct fp8_head {
     int d, block;
-    enum dtype p_dtype;      /* P carried into P V: DT_FP8 as e4m3(256 P); DT_F16 rounded to fp16 (the
+    enum dtype p_dtype;      /* P carried into P V: DT_FP8 as e4m3(P f_j); DT_F16 rounded to fp16 (the
                               * fp16 stages' way, with q, k, v unquantized and scales of 1) */
     float *q, *k, *v;
     float *sq, *sk, *sv;
+    float sv_max;            /* the largest of the head's sv: P is carried against it (fp8_forward_row) */
 };
 /* Head (b, h) of Q and its KV head's K and V (kv_head_of), copied into fresh memory, Q and K
  * through hadamard_rows with the stage's signs (FP8_HADAMARD_SEED) where `hadamard`, then

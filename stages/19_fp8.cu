@@ -23,8 +23,8 @@
  *      cancels in Q K^T and spreads an outlier channel over all d (incoherent processing).
  * Why: Hopper's tensor cores run e4m3 at twice the 16-bit rate; the softmax is the same work.
  * d = 64, 128 and 256 (at d = 64 the rows of Q and K are padded with zeros to 128 bytes, one row
- * of the 128-byte swizzle: S's matmul does twice the work it needs, under a softmax that is
- * longer than both matmuls in FP8 anyway).
+ * of the 128-byte swizzle: S's matmul does twice the work it needs; notes/19_fp8.md counts what
+ * that costs).
  * Hopper only: compiled for sm_90a (the Makefile's HOPPER_STAGES); elsewhere it exits 3.
  * The layouts and the error: notes/19_fp8.md.
  * Run: ./stage19 --dtype fp8 --batch 4 --heads 16 --seqlen 4096 --dim 128 */
@@ -69,8 +69,11 @@ namespace {
  *                softmax while P_ij V_j runs; needs TURNED;
  *   POLY_EVERY   k > 0: the exponentials of every k-th n8 tile of S_ij's columns are computed on the
  *                FMA pipe (exp2_poly, common/cuda/exp2_poly.cuh), the others by MUFU's ex2; 0: all
- *                by MUFU; -1 (the floor ablation bench/ablations/18_free_exp.cu only): none at all,
- *                P = the exponent itself, a wrong result timed to show what free exponentials buy;
+ *                by MUFU; -1 (the floor ablation bench/ablations/19_free_exp.cu only): none at all,
+ *                P = |the exponent| (>= 0, so that l_i's vote never calls for a rescale the stage
+ *                would not make), a wrong result timed to show what free exponentials buy;
+ *                -2 (bench/ablations/19_mm_only.cu only): no softmax at all, the scores go into
+ *                P V as they are: what the matmuls, the conversions and the pipeline alone take;
  *   EARLY_Q      1: each consumer warp frees Q_i for the next work item's as soon as the item's last
  *                S = Q K^T has completed, not after the epilogue, so that the next Q_i is copied
  *                under the item's last P V, softmax and epilogue instead of before the next item's
@@ -96,11 +99,13 @@ namespace {
  * d = 128: stage 18's loop; the ring one stage deeper, since a stage is half the bytes.
  * d = 256: stage 18's loop without turns, but 128 keys a tile, not 64: V_j^T's rows are keys, and
  *          the 128-byte swizzle wants 128 of them.
- * EARLY_Q everywhere: the epilogue stores O (16-bit) from the accumulators, since Q_i, one byte an
- * element, is too small to stage it.
+ * EARLY_Q everywhere: the epilogue stores O (16-bit) from the accumulators: at d = 128 and 256 Q_i,
+ * one byte an element, is half O's 16-bit tile; at d = 64 the padded Q_i would just hold it, but
+ * one epilogue serves all three.
  * POLY_EVERY: an eighth at d = 64 (stage 18's), a sixteenth at d = 128, where stage 18 has none: FP8's
  * matmuls take half fp16's time, so MUFU (1056 clocks a round at d = 128) is now level with the
- * tensor cores (1024), not at half of them; none at 256. */
+ * tensor cores (1024), not at half of them; none at 256.
+ * Short causal problems at d = 64 take two consumer warpgroups, as in stage 18 (short_causal, below). */
 template <int HeadDim>
 struct cfg;
 template <>
@@ -109,6 +114,18 @@ template <>
 struct cfg<128> { static constexpr int HeadDim = 128, NWARPGROUPS = 2, Bc = 128, STAGES = 4, TURNED = 1, PINGPONG = 1, OVERLAP = 1, EARLY_Q = 1, POLY_EVERY = 16; };
 template <>
 struct cfg<256> { static constexpr int HeadDim = 256, NWARPGROUPS = 2, Bc = 128, STAGES = 2, TURNED = 0, PINGPONG = 0, OVERLAP = 0, EARLY_Q = 1, POLY_EVERY = 0; };
+/* Stage 18's rule for short causal problems at d = 64: a Q tile of 192 rows reaches far past the
+ * diagonal where a head has few tiles (at N = 1024 the 192-row tiles compute 786k scores for the
+ * 525k the mask keeps, tiles of 128 rows 590k), so under the mask and for N <= SHORT_CAUSAL_N the
+ * kernel runs with two consumer warpgroups (Br = 128). The waste is counted in scores, the same in
+ * FP8 as in fp16. */
+template <typename Cfg>
+struct short_causal : Cfg { static constexpr int NWARPGROUPS = 2; };
+constexpr int SHORT_CAUSAL_N = 1024;
+static bool takes_short_causal(const struct shape *sh)
+{
+    return sh->d == 64 && sh->causal && sh->N <= SHORT_CAUSAL_N;
+}
 constexpr int WARPGROUP = 4 * WARP_SIZE; /* threads that issue one wgmma together */
 constexpr int PRODUCER_REGS = 24; /* setmaxnreg, per thread (above); the consumers' share: tiles */
 constexpr size_t SMEM_MAX = 227 * 1024; /* the shared memory a block may have on an H100 or H200 */
@@ -174,6 +191,24 @@ struct tiles {
 
 /* ---- the softmax of scaled e4m3 scores ---- */
 
+/* log2(x) and 1 / x with one MUFU instruction each (lg2.approx, rcp.approx; flush-to-zero), for a
+ * tile's factors (the kernel's `factors`): __log2f and 1.f / x compile to the same MUFU plus a
+ * denormal fix-up, and the division to a branch around a call to its slow path, every tile. The
+ * factors are 256 sv / SV >= 2^-64 (a block of zeros' scale), far from fp32's denormals, and
+ * relative errors of ~2^-22 are nothing beside e4m3's 2^-4. */
+__device__ __forceinline__ float log2_approx(float x)
+{
+    float y;
+    asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ float rcp_approx(float x)
+{
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
 /* One tile of the online softmax with the exact max, on S8 = Q8 K8^T as the tensor cores return it:
  * the true score of key k is sq sk(k) S8, sk one scale per 64 keys, so the row's exponent is
  * S8 c_h - m with c_h = scale log2(e) sq sk_h for the tile's half h (keys 0-63, 64-127), and the
@@ -221,8 +256,9 @@ __device__ __forceinline__ bool online_softmax_fp8(float (&S)[M_TILES][KT][4], f
                 const float x1 = fmaf(S[mt][nt][2 * h + 1], c, bias);
                 constexpr int EVERY = POLY_EVERY > 0 ? POLY_EVERY : 1;
                 const bool poly = POLY_EVERY > 0 && nt % EVERY == EVERY - 1;
-                const float p0 = poly ? exp2_poly(x0) : exp2_approx(x0);
-                const float p1 = poly ? exp2_poly(x1) : exp2_approx(x1);
+                /* POLY_EVERY = -1 (the floor bench/ablations/19_free_exp.cu): no exponential at all */
+                const float p0 = POLY_EVERY < 0 ? fabsf(x0) : poly ? exp2_poly(x0) : exp2_approx(x0);
+                const float p1 = POLY_EVERY < 0 ? fabsf(x1) : poly ? exp2_poly(x1) : exp2_approx(x1);
                 S[mt][nt][2 * h] = p0, S[mt][nt][2 * h + 1] = p1;
                 if (nt < KT / 2) sum0 += p0 + p1;
                 else sum1 += p0 + p1;
@@ -485,8 +521,8 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
 
         /* The scales (fp8_quantize_kernel's, one per 64 rows of a head): sq, this warpgroup's 64
          * rows of Q_i; SV, the largest V scale of the head, which P carries (below): each warp
-         * reads the head's blocks that hold keys (a block wholly past N, padding, has scale 1,
-         * which would shrink every P it does not touch), a lane every 32nd, and takes their max. */
+         * reads the head's blocks that hold keys (a block wholly past N, padding, is left out), a
+         * lane every 32nd, and takes their max. */
         const float *qs = q_scales + (size_t)W.bh * NB, *ks = k_scales + (size_t)W.bh * NB, *vs = v_scales + (size_t)W.bh * NB;
         /* (a Q tile of 192 rows, d = 64, may end past Npad: its last warpgroup's rows are then all
          * past N, zeros, and it reads the head's last scale instead) */
@@ -495,15 +531,21 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
         for (int b = lane; b < CEIL_DIV(N, FP8_BLOCK_ROWS); b += WARP_SIZE) SV = fmaxf(SV, __ldg(vs + b));
 #pragma unroll
         for (int m = 16; m > 0; m /= 2) SV = fmaxf(SV, __shfl_xor_sync(FULL_MASK, SV, m));
-        /* Tile j's factors, for its two halves of 64 keys: the exponent's c_h = scale log2(e) sq
-         * sk_h, and P's f_h = 256 sv_h / SV, so that P V8 f_h SV / 256 = P (sv_h V8), the true P V;
-         * read as the tile's S is issued, so the loads run under the wgmma */
+        /* Tile j's scales, two of K and two of V (its halves of 64 keys), and its factors: the
+         * exponent's c_h = scale log2(e) sq sk_h, and P's f_h = 256 sv_h / SV, so that
+         * P V8 f_h SV / 256 = P (sv_h V8), the true P V. The turned loop loads a tile's scales one
+         * tile before it needs them: loaded in the same turn, their latency sat inside the turn
+         * (ptxas hoists the arithmetic on them above the bar.arrive that ends it), where the other
+         * warpgroup waits on it too. A j past the item's tiles loads its last tile's again. */
+        struct tile_scales { float k0, k1, v0, v1; };
         struct tile_factors { float c0, c1, lf0, lf1, inv_f0, inv_f1; };
-        auto factors = [&](int j) {
-            const float k0 = __ldg(ks + 2 * j), k1 = __ldg(ks + 2 * j + 1);
-            const float v0 = __ldg(vs + 2 * j), v1 = __ldg(vs + 2 * j + 1);
-            const float c = scale_log2 * sq, f0 = 256.f / SV * v0, f1 = 256.f / SV * v1;
-            return tile_factors{c * k0, c * k1, __log2f(f0), __log2f(f1), 1.f / f0, 1.f / f1};
+        auto load_scales = [&](int j) {
+            j = min(j, n_tiles - 1);
+            return tile_scales{__ldg(ks + 2 * j), __ldg(ks + 2 * j + 1), __ldg(vs + 2 * j), __ldg(vs + 2 * j + 1)};
+        };
+        auto factors = [&](const tile_scales &t) {
+            const float c = scale_log2 * sq, f0 = 256.f / SV * t.v0, f1 = 256.f / SV * t.v1;
+            return tile_factors{c * t.k0, c * t.k1, log2_approx(f0), log2_approx(f1), rcp_approx(f0), rcp_approx(f1)};
         };
 
         /* Tile j's K_j, V_j have landed in ring stage (it0 + j) mod STAGES: the ((it0 + j) / STAGES)-th
@@ -557,7 +599,7 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
         };
 
         /* S_ij (in registers; key0 = j Bc, its first key) masked and through the online softmax with
-         * the stale max: P_ij in place, as fp32, m_i and l_i updated. Returns whether O_i must be
+         * the exact max: P_ij in place, as fp32, m_i and l_i updated. Returns whether O_i must be
          * rescaled (the same answer in every lane of the warp), O_i's factors in alpha, not applied:
          * with OVERLAP the tensor cores are still adding P_{i,j-1} V_{j-1} into O_i while this runs. */
         auto softmax = [&](float (&S_ij)[M_TILES][KT][4], int key0, const tile_factors &tf, float (&alpha)[M_TILES][2]) {
@@ -565,9 +607,13 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
              * the tiles that cross the diagonal (some key after some query of this tile). */
             if (key0 + Bc > N || (causal && key0 + Bc - 1 > q0)) mask_scores(S_ij, key0, q0 + row0, N, causal);
 
-            bool moved[M_TILES][2];
-            const bool any = online_softmax_fp8<Tiles::POLY_EVERY>(S_ij, m_i, l_i, alpha, moved, tf.c0, tf.c1, tf.lf0,
-                                                                   tf.lf1, tf.inv_f0, tf.inv_f1);
+            bool moved[M_TILES][2] = {};
+            bool any = false;
+            if constexpr (Tiles::POLY_EVERY == -2) /* the floor bench/ablations/19_mm_only.cu: no softmax at all */
+                for (int h = 0; h < 2; h++) alpha[0][h] = 1.f;
+            else
+                any = online_softmax_fp8<Tiles::POLY_EVERY>(S_ij, m_i, l_i, alpha, moved, tf.c0, tf.c1, tf.lf0, tf.lf1,
+                                                            tf.inv_f0, tf.inv_f1);
             /* The vote: whether any row of the warp moved, the same answer in every lane. It also
              * reads l_i (l_i < 0 never holds), so that it needs every exponential of the tile: with
              * OVERLAP the wait for P V branches on the vote (below), which keeps the softmax above
@@ -602,12 +648,12 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
         /* Tile j's scores, not overlapped: S_ij issued (after O_i += P_{i,j-1} V_{j-1} when turned: the
          * tensor cores take this group right after it), the turn given away, and one wait for both;
          * then the softmax, O_i rescaled, P_ij packed. */
-        auto scores = [&](int j) {
+        auto scores = [&](int j, const tile_scales &sc) {
             const int key0 = j * Bc; /* first key of this tile */
             float S_ij[M_TILES][KT][4];
             issue_scores(S_ij, j);
-            const tile_factors tf = factors(j);
             turn_end(); /* this turn's wgmma are issued: the tensor cores are the next warpgroup's */
+            const tile_factors tf = factors(sc);
             wgmma_wait<0>(); /* S_ij in registers (and O_i += P_{i,j-1} V_{j-1} done) */
             wgmma_hold(S_ij[0]);
             wgmma_hold(O_acc[0]);
@@ -634,18 +680,21 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
          * complete in order), the softmax of S_{i,j+1} while the tensor cores do P_ij V_j; then
          * wait for P V, and only then O_i *= alpha and P_{i,j+1} packed (both overwrite registers
          * the running wgmma hold). */
+        const tile_scales sc0 = load_scales(0); /* loaded before the waits below */
         next_tile(0);
         turn_begin();
-        scores(0);
+        scores(0, sc0);
         if constexpr (OVERLAP) {
+            tile_scales sc = load_scales(1); /* tile j + 1's scales at the top of iteration j */
             for (int j = 0; j + 1 < n_tiles; j++) {
                 next_tile(j + 1);
                 turn_begin(); /* S_{i,j+1} and P_ij V_j go to the tensor cores in this turn */
                 float S_ij[M_TILES][KT][4]; /* S_{i,j+1} */
                 issue_scores(S_ij, j + 1); /* first: the group the softmax waits for */
                 issue_pv(j);               /* second: left running under the softmax */
-                const tile_factors tf = factors(j + 1);
                 turn_end();
+                const tile_factors tf = factors(sc); /* tile j + 1's, loaded an iteration ago */
+                sc = load_scales(j + 2);             /* tile j + 2's, for the next */
                 wgmma_wait<1>(); /* S_{i,j+1} in registers; O_i += P_ij V_j may still be running */
                 wgmma_hold(S_ij[0]);
                 release_Q(j + 1); /* the item's last S: Q_i read, while P_ij V_j still runs */
@@ -680,7 +729,7 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
                 }
                 if (j + 1 < n_tiles) {
                     if (!PINGPONG) next_tile(j + 1);
-                    scores(j + 1);
+                    scores(j + 1, load_scales(j + 1));
                 }
             }
         }
@@ -726,9 +775,10 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
  * sees them, writes O in fp16 and L. */
 void hbm_bytes(const struct shape *sh, struct hbm_traffic *t)
 {
-    const double kv_rows = sh->d == 64    ? kv_rows_read<tiles<cfg<64>>>(sh)
-                           : sh->d == 128 ? kv_rows_read<tiles<cfg<128>>>(sh)
-                                          : kv_rows_read<tiles<cfg<256>>>(sh);
+    const double kv_rows = takes_short_causal(sh) ? kv_rows_read<tiles<short_causal<cfg<64>>>>(sh)
+                           : sh->d == 64          ? kv_rows_read<tiles<cfg<64>>>(sh)
+                           : sh->d == 128         ? kv_rows_read<tiles<cfg<128>>>(sh)
+                                                  : kv_rows_read<tiles<cfg<256>>>(sh);
     const double heads = (double)sh->B * sh->H, d = sh->d, N = sh->N, qk = std::max(sh->d, 128); /* Q8's, K8's row */
     t->Q = heads * N * (d * 2 + qk + qk);
     t->KV = heads * N * (2 * d * 2 + qk + d) + heads * kv_rows * (qk + d);
@@ -832,8 +882,12 @@ int launch(const struct attn_args *a, char *why, size_t n)
     const struct shape *sh = &a->sh;
     const long long bh = (long long)sh->B * sh->H;
     const long long items = bh * CEIL_DIV(sh->N, Tiles::Br); /* (Q tile, head): the kernel's work items */
-    if (items > 2147483647LL || bh > 65535) {
+    if (bh > 65535) {
         snprintf(why, n, "batch * heads = %lld: the quantization's grid takes at most 65535 heads", bh);
+        return ATTN_UNSUPPORTED;
+    }
+    if (items > 2147483647LL) {
+        snprintf(why, n, "batch * heads * Q tiles = %lld is more work items than the kernel counts (2^31 - 1)", items);
         return ATTN_UNSUPPORTED;
     }
     if (!a->work) {
@@ -874,7 +928,9 @@ template <template <int> class Cfg, bool COUNT, bool ATTEND>
 int dispatch_d(const struct attn_args *a, char *why, size_t n)
 {
     switch (a->sh.d) {
-    case 64: return launch<Cfg<64>, COUNT, ATTEND>(a, why, n);
+    case 64:
+        if (takes_short_causal(&a->sh)) return launch<short_causal<Cfg<64>>, COUNT, ATTEND>(a, why, n);
+        return launch<Cfg<64>, COUNT, ATTEND>(a, why, n);
     case 128: return launch<Cfg<128>, COUNT, ATTEND>(a, why, n);
     case 256: return launch<Cfg<256>, COUNT, ATTEND>(a, why, n);
     }
@@ -918,7 +974,9 @@ int tiles_for(const struct attn_args *a, int backward, size_t limit, struct tile
 {
     (void)backward; /* a forward only */
     switch (a->sh.d) {
-    case 64: return tiles_of<Cfg<64>>(&a->sh, limit, c);
+    case 64:
+        if (takes_short_causal(&a->sh)) return tiles_of<short_causal<Cfg<64>>>(&a->sh, limit, c);
+        return tiles_of<Cfg<64>>(&a->sh, limit, c);
     case 128: return tiles_of<Cfg<128>>(&a->sh, limit, c);
     case 256: return tiles_of<Cfg<256>>(&a->sh, limit, c);
     }

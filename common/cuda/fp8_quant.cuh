@@ -3,7 +3,7 @@
  * matrix of incoherent processing (fp8.h), V written transposed and permuted for the FP8 wgmma.
  *
  * A scale is max|x| / 448 over its block (all zeros: 1, or 2^-64 for V; the kernel says why), so the block's largest
- * element lands on e4m3's largest, 448, and x8 = e4m3(x / scale). Rows past N (the padding of the
+ * element lands on e4m3's largest, 448, and x8 = e4m3(x times 1 / scale). Rows past N (the padding of the
  * last block) are zeros.
  *
  * Why V is transposed: in O = P V the keys are the k of the product, and 8-bit wgmma takes both
@@ -25,6 +25,7 @@
 
 #include <cuda_fp16.h>
 #include <stdint.h>
+#include <string.h>
 
 /* The key whose value column p of a 32-key group of V^T holds: p = 16 hi + 4 t + u is byte u of
  * A register (hi ? 2 : 0) of thread t (wgmma.cuh, the 8-bit A layout), which packs that thread's
@@ -75,11 +76,35 @@ static __device__ __forceinline__ void hadamard_lane(float (&v)[HeadDim / 32], c
     for (int j = 0; j < E; j++) v[j] *= norm;
 }
 
-/* One block of ROWS rows of one head (blockIdx.x the block, blockIdx.y the head), one warp per
- * row at a time: Q or K (TRANSPOSE = false) into X8 [heads][Npad][HeadDim], V (TRANSPOSE = true)
- * into X8 [heads][HeadDim][Npad] permuted by key_of_position; the block's scale into
- * scales[head][block]. Two passes over the rows: the first finds max|x| (after the transform),
- * the second quantizes; the transform is recomputed rather than kept (a few adds per element).
+/* A lane's E consecutive fp16 values of a row, p 2E-byte aligned, in one load (4, 8 or 16 bytes). */
+template <int E>
+static __device__ __forceinline__ void load_halves(const __half *p, float (&v)[E])
+{
+    static_assert(E == 2 || E == 4 || E == 8, "2, 4 or 8 values a lane");
+    uint32_t w[E / 2];
+    if constexpr (E == 2) {
+        w[0] = __ldg((const unsigned int *)p);
+    } else if constexpr (E == 4) {
+        const uint2 u = __ldg((const uint2 *)p);
+        w[0] = u.x, w[1] = u.y;
+    } else {
+        const uint4 u = __ldg((const uint4 *)p);
+        w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
+    }
+#pragma unroll
+    for (int k = 0; k < E / 2; k++) {
+        __half2 h;
+        memcpy(&h, &w[k], sizeof h);
+        v[2 * k] = __low2float(h), v[2 * k + 1] = __high2float(h);
+    }
+}
+
+/* One block of ROWS rows of one head (blockIdx.x the block, blockIdx.y the head), ROWS / WARPS rows
+ * a warp: Q or K (TRANSPOSE = false) into X8 [heads][Npad][HeadDim], V (TRANSPOSE = true) into X8
+ * [heads][HeadDim][Npad] permuted by key_of_position; the block's scale into scales[head][block].
+ * One pass over memory: a warp loads all its rows at once (as many loads in flight a lane as it has
+ * rows: the pass is bound by memory, and one row at a time would leave it bound by latency), keeps
+ * them in registers through the transform and the block's max|x|, and quantizes them from there.
  * V's bytes go through shared memory, [HeadDim][ROWS] in V^T's order, and leave 16 bytes at a time
  * along each row of V^T: written straight from the warps, a lane's bytes would land in HeadDim / 32
  * rows Npad bytes apart, one byte per row and store. */
@@ -88,13 +113,14 @@ __global__ void __launch_bounds__(THREADS)
 fp8_quantize_kernel(const __half *__restrict__ X, uint8_t *__restrict__ X8, float *__restrict__ scales, int N, int Npad,
                     hadamard_sign_bits signs)
 {
-    constexpr int E = HeadDim / 32, WARPS = THREADS / WARP_SIZE;
-    static_assert(HeadDim % 32 == 0 && E <= 8 && (E & (E - 1)) == 0, "d = 32 .. 256, a power of 2");
+    constexpr int E = HeadDim / 32, WARPS = THREADS / WARP_SIZE, RPW = ROWS / WARPS;
+    static_assert(HeadDim % 32 == 0 && E >= 2 && E <= 8 && (E & (E - 1)) == 0, "d = 64 .. 256, a power of 2");
     static_assert(ROWS % 32 == 0, "whole 32-key groups of V^T");
+    static_assert(ROWS % WARPS == 0, "the same number of rows for every warp");
     __shared__ float warp_max[WARPS];
     /* (TRANSPOSE) the block's V^T: row c holds channel c of the ROWS keys, in V^T's order; rows
      * 4 bytes longer than ROWS, so that the 32 lanes' stores of one step (rows E apart) spread
-     * over 8 banks instead of 1 */
+     * over 16, 8 or 4 banks (d = 64, 128, 256) instead of 1 */
     constexpr int T_ROW = ROWS + 4;
     __shared__ __align__(16) uint8_t vt[TRANSPOSE ? HeadDim : 1][TRANSPOSE ? T_ROW : 1];
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
@@ -102,18 +128,21 @@ fp8_quantize_kernel(const __half *__restrict__ X, uint8_t *__restrict__ X8, floa
     const int r0 = blockIdx.x * ROWS;
     const __half *src = X + head * N * HeadDim;
 
-    auto row_values = [&](int r, float (&v)[E]) {
+    float v[RPW][E]; /* row r0 + warp + i WARPS in v[i]; rows past N zeros */
 #pragma unroll
-        for (int j = 0; j < E; j++) v[j] = r < N ? __half2float(src[(size_t)r * HeadDim + lane * E + j]) : 0.f;
-        if constexpr (HADAMARD) hadamard_lane<HeadDim>(v, signs, lane);
-    };
-
+    for (int i = 0; i < RPW; i++) {
+        const int r = r0 + warp + i * WARPS;
+        if (r < N) load_halves<E>(src + (size_t)r * HeadDim + lane * E, v[i]);
+        else
+#pragma unroll
+            for (int j = 0; j < E; j++) v[i][j] = 0.f;
+    }
     float amax = 0.f;
-    for (int r = r0 + warp; r < r0 + ROWS; r += WARPS) {
-        float v[E];
-        row_values(r, v);
 #pragma unroll
-        for (int j = 0; j < E; j++) amax = fmaxf(amax, fabsf(v[j]));
+    for (int i = 0; i < RPW; i++) {
+        if constexpr (HADAMARD) hadamard_lane<HeadDim>(v[i], signs, lane);
+#pragma unroll
+        for (int j = 0; j < E; j++) amax = fmaxf(amax, fabsf(v[i][j]));
     }
 #pragma unroll
     for (int m = 16; m > 0; m /= 2) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, m));
@@ -128,9 +157,9 @@ fp8_quantize_kernel(const __half *__restrict__ X, uint8_t *__restrict__ X8, floa
     const float scale = amax > 0.f ? amax / 448.f : TRANSPOSE ? 0x1p-64f : 1.f, inv = 1.f / scale;
     if (threadIdx.x == 0) scales[head * (Npad / ROWS) + blockIdx.x] = scale;
 
-    for (int r = r0 + warp; r < r0 + ROWS; r += WARPS) {
-        float v[E];
-        row_values(r, v);
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        const int r = r0 + warp + i * WARPS;
         if constexpr (!TRANSPOSE) {
             static_assert(PITCH >= HeadDim && (PITCH - HeadDim) % 4 == 0, "whole 4-byte zeros past d");
             uint8_t *row = X8 + (head * Npad + r) * PITCH, *dst = row + lane * E;
@@ -139,9 +168,10 @@ fp8_quantize_kernel(const __half *__restrict__ X, uint8_t *__restrict__ X8, floa
             if constexpr (E >= 4) {
 #pragma unroll
                 for (int j = 0; j < E; j += 4)
-                    *(uint32_t *)(dst + j) = pack_e4m3x4(v[j] * inv, v[j + 1] * inv, v[j + 2] * inv, v[j + 3] * inv);
+                    *(uint32_t *)(dst + j) =
+                        pack_e4m3x4(v[i][j] * inv, v[i][j + 1] * inv, v[i][j + 2] * inv, v[i][j + 3] * inv);
             } else { /* d = 64: two elements a lane */
-                *(uint16_t *)dst = (uint16_t)pack_e4m3x4(v[0] * inv, v[E - 1] * inv, 0.f, 0.f);
+                *(uint16_t *)dst = (uint16_t)pack_e4m3x4(v[i][0] * inv, v[i][1] * inv, 0.f, 0.f);
             }
         } else {
             /* key r goes to the position p of its 32-key group with key_of_position(p) = r mod 32 */
@@ -149,7 +179,7 @@ fp8_quantize_kernel(const __half *__restrict__ X, uint8_t *__restrict__ X8, floa
             const int t = (k & 7) >> 1, u = (k & 1) + 2 * ((k >> 3) & 1), hi = k >> 4;
             const int col = (r & ~31) - r0 + 16 * hi + 4 * t + u; /* within the block */
 #pragma unroll
-            for (int j = 0; j < E; j++) vt[lane * E + j][col] = (uint8_t)(pack_e4m3x4(v[j] * inv, 0.f, 0.f, 0.f) & 0xff);
+            for (int j = 0; j < E; j++) vt[lane * E + j][col] = (uint8_t)(pack_e4m3x4(v[i][j] * inv, 0.f, 0.f, 0.f) & 0xff);
         }
     }
     if constexpr (TRANSPOSE) {
