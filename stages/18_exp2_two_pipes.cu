@@ -104,7 +104,8 @@ namespace {
  * EARLY_Q at d = 64 only: at d = 128 and 256 O keeps its staging through Q_i and its 16-byte
  * stores (the early Q_i measured below 1x there: notes/14_persistent.md).
  * POLY_EVERY: 8 at d = 64 (r = 1/8: inside [1/32, 1/7], where the throughput model of
- * notes/18_exp2_two_pipes.md has the tensor cores, not MUFU or issue, bind); 0 at d = 128 (MUFU's
+ * notes/18_exp2_two_pipes.md has the tensor cores, not MUFU or issue, bind; on an H200 in 16-bit no
+ * share measures faster than none, and 1/8 is kept so that the stage runs its idea); 0 at d = 128 (MUFU's
  * time is half the tensor cores' there, and the smallest share, 1/16, measured 2% slower than none:
  * bench/ablations/18_more_poly.cu builds it) and at d = 256 (the softmax is a quarter of the
  * matmuls'); bench/ablations/18_more_poly.cu and 18_less_poly.cu time twice and half the d = 64
