@@ -4,7 +4,8 @@
 # bench/csv.awk, as csv_awk -f plots/grid.awk 'program' bench/data/h200.csv (bench/csv.sh).
 #
 # The grid is the FA-2 paper's: B = 16384 / N, H = 2048 / d, in one dtype (fp16, or the awk variable
-# grid_dtype: -v grid_dtype=bf16); other rows are left out. A run is one
+# grid_dtype: -v grid_dtype=bf16); other rows are left out, or, with -v grid_other_dtypes=1, kept
+# as series of their own named STAGE@DTYPE (stage19@fp8 beside stage18: FP8 over fp16). A run is one
 # `make bench`, named by the commit in its rows; within a run the latest row of a shape wins. A
 # point is "d causal N". A selection says which points a comparison takes, as words:
 # "d=64,128 causal=0 nmin=1024 nmax=4096"; a part left out takes every value, "" the whole grid.
@@ -26,8 +27,12 @@
 
 function grid_add(    s, dir, r, p) {
     if (get("batch") * get("seqlen") != 16384 || get("heads") * get("dim") != 2048) return 0
-    if (get("dtype") != (grid_dtype == "" ? "fp16" : grid_dtype)) return 0
-    s = get("stage"); dir = get("direction"); r = get("commit")
+    s = get("stage")
+    if (get("dtype") != (grid_dtype == "" ? "fp16" : grid_dtype)) {
+        if (!grid_other_dtypes) return 0
+        s = s "@" get("dtype")
+    }
+    dir = get("direction"); r = get("commit")
     p = (get("dim") + 0) " " (get("causal") + 0) " " (get("seqlen") + 0)
     G_tf[s, dir, r, p] = get("tflops")
     G_last[s, dir, p] = r

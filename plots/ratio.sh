@@ -5,6 +5,8 @@
 # one the README's table (plots/readme_table.sh) and plots/table.sh make.
 #   plots/ratio.sh [--csv bench/data/h200.csv] [--dir fwd|bwd] [--commit C] [--min-n 1024] [--dims "64 128"]
 #                  [--dtype fp16|bf16] STAGE REF
+#   A series of another dtype than --dtype's is named STAGE@DTYPE: plots/ratio.sh stage19@fp8 stage18
+#   (stage 19's FP8 rows over stage 18's fp16 ones, both from one run).
 #   plots/ratio.sh --dir bwd --min-n 1024 stage10 torch-flash
 # The run: --commit C, or else STAGE's latest (the commit of its latest row among the points taken).
 set -euo pipefail
@@ -32,7 +34,7 @@ while [ $# -gt 0 ]; do
 done
 [ $# -eq 2 ] || { echo "$usage" >&2; exit 2; }
 [ -r "$csv" ] || { echo "ratio.sh: cannot read $csv" >&2; exit 2; }
-csv_awk -f "$here/grid.awk" -v grid_dtype="$dtype" -v dir="$dir" -v x="$1" -v y="$2" -v run="$commit" \
+csv_awk -f "$here/grid.awk" -v grid_dtype="$dtype" -v grid_other_dtypes=1 -v dir="$dir" -v x="$1" -v y="$2" -v run="$commit" \
   -v sel="d=$(echo "$dims" | tr -s ' ' ,) nmin=$minn" -v file="${csv#"$root"/}" '
   { grid_add() }
   END {
