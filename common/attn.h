@@ -121,7 +121,9 @@ struct stage {
     int dims[8];             /* supported head dims, 0-terminated; dims[0] == 0 means any d >= 1 */
     unsigned dtypes;         /* mask of enum dtype */
     /* Scratch the stage needs beside its inputs and outputs for a call with arguments `a` (its
-     * shape, dtype and deterministic; no tensors are read) (GPU stages; may be NULL). */
+     * shape, dtype and deterministic; no tensors are read); may be NULL. A GPU stage's is device
+     * memory the runner allocates; a CPU stage's, host memory it allocates itself, which the
+     * limits (check_limits) count beside the inputs so that a problem too large is refused first. */
     size_t (*workspace_bytes)(const struct attn_args *a);
     int openmp;              /* CPU stages: 1 if it spreads work over OpenMP threads */
     /* GPU stages: the bytes its loop structure moves for this shape (--counters shows them). */

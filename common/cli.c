@@ -369,7 +369,11 @@ int check_limits(const struct stage *st, const struct shape *sh, enum dtype dt, 
     const double elems = (double)sh->B * sh->H * sh->N * sh->d;
     const double kv_elems = (double)sh->B * shape_kv_heads(sh) * shape_kv_len(sh) * sh->d;
     /* Q, O and the reference's O; K and V (a backward: also dO, dQ, dK, dV) */
-    const double bytes = (elems * (st->measures_backward ? 7 : 3) + kv_elems * 2) * sizeof(float);
+    double bytes = (elems * (st->measures_backward ? 7 : 3) + kv_elems * 2) * sizeof(float);
+    if (st->device == ON_CPU && st->workspace_bytes) { /* a CPU stage's own scratch (stage 1's scores) */
+        const struct attn_args a = {.sh = *sh, .dtype = dt};
+        bytes += (double)st->workspace_bytes(&a);
+    }
     const double have = machine_bytes();
     if (have > 0 && bytes > have)
         return bad(st, "B=%d H=%d N=%d d=%d (N_kv=%d, H_kv=%d) needs about %.3g GB of host memory; this machine has "

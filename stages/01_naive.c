@@ -135,6 +135,13 @@ static int backward(const struct attn_args *a, char *why, size_t n)
 }
 
 /* ---- descriptor ---- */
+/* The host scratch its program's forward allocates: the N x N_kv scores (the backward, used as a
+ * reference for small problems only, takes two N x N matrices). */
+static size_t scratch_bytes(const struct attn_args *a)
+{
+    return sizeof(float) * (size_t)a->sh.N * shape_kv_len(&a->sh);
+}
+
 const struct stage stage1_desc = {
     .name = "stage1",
     .idea = "naive: S = scale QK^T materialized, row softmax, O = PV",
@@ -143,5 +150,6 @@ const struct stage stage1_desc = {
     .backward = backward,
     .dims = {0}, /* any head dim */
     .dtypes = DT_F32,
+    .workspace_bytes = scratch_bytes,
     .kv_cache = 1, /* the reference of stage 15 too */
 };

@@ -232,6 +232,9 @@ static const struct test_bad_cli test_bad_cases[] = {
     {"./stage3", {"--batch", "65536", "--heads", "65536", "--seqlen", "1048576", "--dim", "1024"}, TEST_NO_LOAD,
      "host memory", 0},
     {"./stage1", {"--batch", "4096", "--heads", "4096", "--seqlen", "65536"}, TEST_NO_LOAD, "host memory", 0},
+    /* inputs of 20 MB, but stage 1's N x N scores are 4 TB: refused by the limits before its time
+     * estimate and its allocation, not by the allocation after them */
+    {"./stage1", {"--heads", "1", "--dim", "1", "--seqlen", "1000000"}, TEST_NO_LOAD, "host memory", 0},
     /* a --save directory that cannot be made: refused before the run */
     {"./stage3", {"--save", "/proc/no/such/dir"}, TEST_NO_LOAD, "--save", 1},
     /* flags a stage does not take: unknown, whatever the machine (no GPU needed to say so) */
