@@ -45,10 +45,10 @@ for a in $ABLATIONS; do
   n=${a%%_*}; stage="./stage$((10#$n))"
   [ -x "$stage" ] || { echo "ablate: $stage is not built" >&2; exit 2; }
   # stage 10's ablation changes how --deterministic adds dQ: both run with it; a floor or a part
-  # (an ablation whose output is wrong on purpose: 18_free_exp, 18_exp_only, 18_exp_only_mufu,
+  # (an ablation whose output is wrong on purpose: 18_free_exp, 18_exp_only, 18_exp_only_mufu, 18_max_exp,
   # 19_free_exp, 19_mm_only, 19_quant_only) runs without the check, its rows marked skip; stage 19
   # takes fp8 alone
-  extra=(); case $a in 10_*) extra=(--deterministic) ;; *_free_exp | *_exp_only* | *_mm_only | *_quant_only) extra=(--no-check) ;; esac
+  extra=(); case $a in 10_*) extra=(--deterministic) ;; *_free_exp | *_exp_only* | *_max_exp | *_mm_only | *_quant_only) extra=(--no-check) ;; esac
   dtypes=$DTYPES; case $a in 19_*) dtypes=fp8 ;; esac
   for t in $dtypes; do for d in $DIMS; do for N in $SEQLENS; do for c in $CAUSAL; do
     args=(--batch $((16384 / N)) --heads $((2048 / d)) --seqlen "$N" --dim "$d" --dtype "$t" --warmup "$WARMUP" --iters "$ITERS" "${extra[@]}")
