@@ -18,7 +18,7 @@
 # a speedup only against a row of the same commit and machine; the yardstick cpu-blas (unfused
 # through OpenBLAS) named in the footnote where it was measured, with the ratio of stage 3 to it. GPU stages:
 # the grid's shape at that N and d (B = 16384 / N, H = 2048 / d), from bench/data/<gpu>.csv, a
-# stage's latest run; its speedup over the stage before it from that run, or, where that stage
+# stage's latest run (fp16; a stage that runs FP8 alone, stage 19, its fp8 rows, marked so); its speedup over the stage before it from that run, or, where that stage
 # was not measured in it, the ratio of their ratios to torch-flash, each in its own run (†).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -59,7 +59,7 @@ ccsv="$data/cpu.csv"
 [ -n "$gpu" ] && [ -r "$gcsv" ] || { echo "readme_table.sh: no GPU CSV under bench/data/" >&2; exit 2; }
 [ -r "$ccsv" ] || ccsv=/dev/null
 
-table=$(csv_awk -f "$here/grid.awk" -v N="$n" -v D="$d" -v gpu="$gpu" -v gfile="${gcsv#"$root"/}" \
+table=$(csv_awk -f "$here/grid.awk" -v grid_other_dtypes=1 -v N="$n" -v D="$d" -v gpu="$gpu" -v gfile="${gcsv#"$root"/}" \
   -v cpu_bins="$CPU_BINS" -v gpu_bins="$GPU_BINS" -v fwd_stage="$FWD_STAGE" -v bwd_bins="$BWD_BINS" -v minn="$GRID_MIN_N" '
   function num(s) { return substr(s, 6) }
   function list(a, n,    i, out) { for (i = 1; i <= n; i++) out = out (i > 1 ? ", " : "") a[i]; return out }
@@ -100,15 +100,18 @@ table=$(csv_awk -f "$here/grid.awk" -v N="$n" -v D="$d" -v gpu="$gpu" -v gfile="
     for (i = 1; i <= ng; i++) {
       s = gb[i]; p = (i > 1) ? gb[i - 1] : ""
       r = grid_latest(s, "fwd", pt); rb = grid_latest(s, "bwd", pt)
+      # a stage that runs FP8 alone (stage 19): its fp8 rows, series s@fp8, over the stage before in fp16
+      sf = s; fp8 = ""
+      if (r == "" && rb == "" && grid_latest(s "@fp8", "fwd", pt) != "") { sf = s "@fp8"; fp8 = " (FP8)"; r = grid_latest(sf, "fwd", pt); anyfp8 = 1 }
       if (r == "" && rb == "") { printf "| %s | %s | not measured yet (`make bench`) | – | – | – |\n", num(s), label[s]; continue }
       if (r != "") {
         # × the stage before: from this run, else via torch-flash in each one'"'"'s run
         if (i == 1) sp = ncpu ? "– (CPU to GPU)" : "–"
-        else if (grid_over(s, p, "fwd", r, pt)) sp = sprintf("%.2f×", OV_q[1])
-        else if (grid_via(s, p, "torch-flash", "fwd", pt)) { sp = sprintf("%.2f× †", OV_q[1]); dagger = 1 }
+        else if (grid_over(sf, p, "fwd", r, pt)) sp = sprintf("%.2f×", OV_q[1])
+        else if (grid_via(sf, p, "torch-flash", "fwd", pt)) { sp = sprintf("%.2f× †", OV_q[1]); dagger = 1 }
         else sp = "–"
-        fa = grid_over(s, "torch-flash", "fwd", r, pt) ? sprintf("%.2f×", OV_q[1]) : "–"
-        printf "| %s | %s | %.1f TFLOP/s | %s | %s | %s |\n", num(s), label[s], grid_tf(s, "fwd", r, "" D " 0 " N), sp, fa, r
+        fa = grid_over(sf, "torch-flash", "fwd", r, pt) ? sprintf("%.2f×", OV_q[1]) : "–"
+        printf "| %s | %s | %.1f TFLOP/s%s | %s | %s | %s |\n", num(s), label[s], grid_tf(sf, "fwd", r, "" D " 0 " N), fp8, sp, fa, r
         credit(r, num(s))
         if (grid_tf("torch-flash", "fwd", r, "" D " 0 " N) != "") flrun[r] = grid_tf("torch-flash", "fwd", r, "" D " 0 " N)
       }
@@ -135,7 +138,9 @@ table=$(csv_awk -f "$here/grid.awk" -v N="$n" -v D="$d" -v gpu="$gpu" -v gfile="
       }
       print "."
     }
-    printf "- GPU: %s, fp16, B = %d, H = %d (the benchmark grid at this N and d); `%s` (`make bench`)", toupper(gpu), 16384 / N, 2048 / D, gfile
+    printf "- GPU: %s, fp16%s, B = %d, H = %d (the benchmark grid at this N and d); `%s` (`make bench`)", toupper(gpu),
+      anyfp8 ? " (FP8: e4m3 from fp16 inputs, the quantization included; its × previous stage is over that stage in fp16)" : "",
+      16384 / N, 2048 / D, gfile
     if (nr) {
       printf ", runs (commit) "
       for (j = 1; j <= nr; j++) printf "%s%s (stage%s %s)", (j > 1 ? ", " : ""), rorder[j], (whon[rorder[j]] > 1 ? "s" : ""), who[rorder[j]]
