@@ -1,7 +1,8 @@
 /* 18_exp_only.cuh: the softmax of the floors 18_exp_only.cu, 18_exp_only_mufu.cu and 18_max_exp.cu, put
  * in place of stage 18's (tile_softmax) for their configurations' negative POLY_EVERY: -k takes every
  * k-th n8 tile of S's columns by the polynomial, the rest on MUFU (-64, more n8 tiles than a tile has:
- * all on MUFU); -128: the row max as well, all on MUFU. Included after stages/18_exp2_two_pipes.cu. */
+ * all on MUFU); -128: softmax.cuh's online softmax, the row max as well, without O's rescale.
+ * Included after stages/18_exp2_two_pipes.cu. */
 #ifndef ABLATION_18_EXP_ONLY_CUH
 #define ABLATION_18_EXP_ONLY_CUH
 
@@ -35,38 +36,21 @@ struct exponentials_only {
         return false;
     }
 };
-/* The floor with the row max too: m_i = max(m_i, rowmax(S)) at every tile (the quad's two shuffles,
- * as the stage's), P = exp2(scale_log2 S - scale_log2 m_i) on MUFU, l_i += rowsum(P); no rescale
- * of O or l_i, ever (the result is wrong where a row's max rises after its first tiles; only its
- * time counts). The max, the exponentials and the sums are what every softmax does, whatever it
- * skips: stage 17 adds the vote and the rare rescale to it. */
+/* The floor with the row max too: softmax.cuh's online_softmax (the max, the exponentials on MUFU,
+ * l_i's exact update), and no rescale of O ever (the result is wrong where a row's max rises after
+ * its first tiles; only its time counts): what an online softmax does short of rescaling O. Stage 17
+ * adds the vote and the rare rescale to it, and keeps the max stale where this keeps it exact. */
 struct max_and_exponentials {
     template <int M_TILES, int KT>
     static __device__ __forceinline__ bool run(float (&S)[M_TILES][KT][4], float (&m_i)[M_TILES][2],
                                                float (&l_i)[M_TILES][2], float (&alpha)[M_TILES][2],
                                                bool (&moved)[M_TILES][2], float scale_log2)
     {
+        online_softmax(S, m_i, l_i, alpha, scale_log2);
 #pragma unroll
         for (int mt = 0; mt < M_TILES; mt++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                float mx = m_i[mt][h];
-#pragma unroll
-                for (int nt = 0; nt < KT; nt++) mx = fmaxf(mx, fmaxf(S[mt][nt][2 * h], S[mt][nt][2 * h + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
-                m_i[mt][h] = mx;
-                const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
-                float sum = 0.f;
-#pragma unroll
-                for (int nt = 0; nt < KT; nt++)
-#pragma unroll
-                    for (int e = 2 * h; e < 2 * h + 2; e++) {
-                        S[mt][nt][e] = exp2_approx(fmaf(S[mt][nt][e], scale_log2, -base));
-                        sum += S[mt][nt][e];
-                    }
-                alpha[mt][h] = 1.f, moved[mt][h] = false, l_i[mt][h] += sum;
-            }
+            for (int h = 0; h < 2; h++) alpha[mt][h] = 1.f, moved[mt][h] = false;
         return false;
     }
 };
