@@ -18,8 +18,9 @@
 # a speedup only against a row of the same commit and machine; the yardstick cpu-blas (unfused
 # through OpenBLAS) named in the footnote where it was measured, with the ratio of stage 3 to it. GPU stages:
 # the grid's shape at that N and d (B = 16384 / N, H = 2048 / d), from bench/data/<gpu>.csv, a
-# stage's latest run (fp16; a stage that runs FP8 alone, stage 19, its fp8 rows, marked so); its speedup over the stage before it from that run, or, where that stage
-# was not measured in it, the ratio of their ratios to torch-flash, each in its own run (†).
+# stage's latest run (fp16; a stage that runs FP8 alone, stage 19, its fp8 rows, marked so); its
+# speedup over the stage before it from that run, or, where that stage was not measured in it, the
+# ratio of their ratios to torch-flash, each in its own run (†).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
