@@ -84,7 +84,8 @@ namespace {
  * wait: all three live at once.
  *
  * The producer warpgroup comes after the consumers, as in stage 18, and gives its registers away
- * (setmaxnreg): 240 registers each for two consumer warpgroups, 160 for three. Every tile is bytes now:
+ * (setmaxnreg): 240 registers each for two consumer warpgroups, 160 for three (232 for two where the
+ * producer keeps 40, bench/ablations/19_v_in_smem.cu). Every tile is bytes now:
  * a row of Q_i or K_j is max(d, 128) bytes, a row of V_j^T is Bc = 128 keys, one 128-byte swizzle row, the
  * unit a copy and a wgmma descriptor work in (wgmma.cuh: the 8-bit k32 step is the 16-bit k16
  * step's 32 bytes):
@@ -148,7 +149,7 @@ struct tiles {
     static constexpr int M_TILES = 1;
     static constexpr int NTHREADS = NWARPS * WARP_SIZE + WARPGROUP; /* the consumers, then the producer */
     /* setmaxnreg (above): the registers each thread has at launch, and the consumers' share of what
-     * the producer gives back: 240 with two consumer warpgroups, 160 with three */
+     * the producer gives back: 240 with two consumer warpgroups, 160 with three (V_IN_SMEM: 232 with two) */
     static constexpr int LAUNCH_REGS = 65536 / NTHREADS / 8 * 8;
     static constexpr int CONSUMER_REGS = (LAUNCH_REGS * NTHREADS - PRODUCER_NREG * WARPGROUP) / (NWARPS * WARP_SIZE) / 8 * 8;
     /* The named barriers (0 is __syncthreads'): 1 + wg, the epilogue of consumer warpgroup wg (not
@@ -303,7 +304,7 @@ __device__ __forceinline__ void count_moved(Tally &tally, const bool (&moved)[M_
  * sets tile_end. */
 template <typename Tiles>
 __device__ __forceinline__ void transpose_v(const uint8_t *V_raw, uint8_t *V_buf, uint64_t *full, uint64_t *vt_full,
-                                            volatile int *tile_end, int tw, int lane)
+                                            int *tile_end, int tw, int lane)
 {
     constexpr int Bc = Tiles::Bc, HeadDim = Tiles::HeadDim, STAGES = Tiles::STAGES;
     constexpr unsigned V_TILE = Tiles::V_TILE;
@@ -312,7 +313,7 @@ __device__ __forceinline__ void transpose_v(const uint8_t *V_raw, uint8_t *V_buf
     for (int it = 0;; it++) {
         const int s = it % STAGES;
         mbar_wait(&full[s], (it / STAGES) & 1);
-        if (it >= *tile_end) return;
+        if (it >= atomicAdd(tile_end, 0)) return; /* read as item_slot is, after the wait */
         const uint8_t *raw = V_raw + s * V_TILE;
         uint8_t *vt = V_buf + s * V_TILE;
         for (int u = tw; u < UNITS; u += 3) {
@@ -375,7 +376,7 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
     int *item_slot = (int *)(smem + Tiles::item_slot); /* the block's next work item, with its Q_i */
     uint8_t *V_raw = smem + Tiles::V_raw;                    /* V_IN_SMEM: [STAGES][Bc][HeadDim] */
     uint64_t *vt_full = (uint64_t *)(smem + Tiles::vt_full); /* V_IN_SMEM: [STAGES]: V_j^T transposed */
-    volatile int *tile_end = (volatile int *)(smem + Tiles::tile_end); /* V_IN_SMEM: tiles the block takes */
+    int *tile_end = (int *)(smem + Tiles::tile_end); /* V_IN_SMEM: tiles the block takes */
 
     const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
     const int g = lane >> 2, t = lane & 3;      /* groupID, tid_in_group (see mma.cuh) */
@@ -453,18 +454,19 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
         for (int s = 0; s < STAGES; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], NWARPS);
         if constexpr (Tiles::V_IN_SMEM) {
             for (int s = 0; s < STAGES; s++) mbar_init(&vt_full[s], 3 * WARP_SIZE);
-            *tile_end = 0x7fffffff; /* not known until the producer's last item */
+            *tile_end = 0x7fffffff; /* not known until the producer's last item (before the block barrier) */
         }
         mbar_init(Q_full, 1), mbar_init(Q_empty, NWARPS);
         mbar_fence_init(); /* visible to the copy engine, which completes them */
     }
     __syncthreads(); /* the barriers initialized before any thread waits on them or issues a copy;
-                      * the last barrier of the whole block (the producer's idle warps leave) */
+                      * the last barrier of the whole block (the producer's idle warps leave, or,
+                      * V_IN_SMEM, transpose V) */
 
     if (wg == NWARPGROUPS) {
         /* ---- the producer: one warp; its lane 0 issues every copy, takes the items and hands them
          * over with Q_i, the other lanes wait with it (take_item shares the answer by a shuffle);
-         * the rest of the warpgroup leaves ---- */
+         * the rest of the warpgroup leaves (V_IN_SMEM: transposes V, transpose_v) ---- */
         setmaxnreg_dec<Tiles::PRODUCER_NREG>(); /* the whole warpgroup, together: its registers to the pool */
         if constexpr (Tiles::V_IN_SMEM)
             if (warp > NWARPS) { transpose_v<Tiles>(V_raw, V_buf, full, vt_full, tile_end, warp - NWARPS - 1, lane); return; }
@@ -481,7 +483,7 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
                                                        * the count that tells them to stop */
                         const int s = it0 % STAGES, round = it0 / STAGES;
                         if (round > 0) mbar_wait(&empty[s], (round - 1) & 1);
-                        if (issuer) *tile_end = it0, mbar_arrive(&full[s]);
+                        if (issuer) atomicExch(tile_end, it0), mbar_arrive(&full[s]); /* atomic: as item_slot */
                     }
                     break;
                 }
@@ -631,7 +633,13 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
         /* Tile j's K_j, V_j have landed in ring stage (it0 + j) mod STAGES: the ((it0 + j) / STAGES)-th
          * phase of its full barrier. The copy engine wrote them through the async proxy, the proxy
          * wgmma reads through: no fence, and no block barrier. */
-        auto next_tile = [&](int j) { mbar_wait(&full[(it0 + j) % STAGES], ((it0 + j) / STAGES) & 1); };
+        auto next_tile = [&](int j) {
+            mbar_wait(&full[(it0 + j) % STAGES], ((it0 + j) / STAGES) & 1);
+            /* V_IN_SMEM: and tile j - 1's V_j^T, whose P V the coming turn issues, so that no
+             * warpgroup waits for the transposers inside its turn (issue_pv waits again, at once) */
+            if constexpr (Tiles::V_IN_SMEM)
+                if (j > 0) mbar_wait(&vt_full[(it0 + j - 1) % STAGES], ((it0 + j - 1) / STAGES) & 1);
+        };
         /* This warp is done with tile j's ring stage: it has waited for every wgmma that read K_j and
          * V_j. One arrival per warp: the last of the NWARPS frees the stage for tile j + STAGES. */
         auto release = [&](int j) {
@@ -897,7 +905,8 @@ int section_heads(const struct shape *sh, int l2_bytes)
 }
 
 /* The workspace, 256-byte aligned pieces: the work items' counter (zero when allocated, zero again
- * after every call); then Q8 and K8 [B H][Npad][QK], V8^T [B H][d][Npad] (e4m3), and the three
+ * after every call); then Q8 and K8 [B H][Npad][QK], V8^T [B H][d][Npad] (e4m3; V_IN_SMEM: V8,
+ * [B H][Npad][d], untransposed), and the three
  * scale arrays [B H][Npad / 64], with Npad = N rounded up to 128 rows and QK = max(d, 128) bytes
  * a row (the quantization writes zeros past N and past d, so a tile never reads another head's
  * rows). */
@@ -995,7 +1004,7 @@ int launch(const struct attn_args *a, char *why, size_t n)
     const long long blocks = std::min(items, (long long)dev.sms);
     const int section = section_heads(sh, dev.l2_bytes);
     /* The tensor maps of the workspace's byte tensors: Q8's boxes Br rows, K8's Bc, V8^T's HeadDim
-     * rows (the dims) by 128 keys */
+     * rows (the dims) by 128 keys (V_IN_SMEM: V8's, as K8's) */
     CUtensorMap tmap_Q, tmap_K, tmap_V;
     if (int rc = tma_map_bytes(&tmap_Q, w.Q8, bh, w.Npad, Tiles::QK, Tiles::Br, why, n)) return rc;
     if (int rc = tma_map_bytes(&tmap_K, w.K8, bh, w.Npad, Tiles::QK, Tiles::Bc, why, n)) return rc;
@@ -1052,8 +1061,9 @@ int tiles_of(const struct shape *sh, size_t limit, struct tile_config *c)
     struct device_facts dev = {0, 0};
     if (device_facts_of(&dev, unused, sizeof unused)) (void)cudaGetLastError(); /* no device: dev stays 0 */
     return tiles_found(c, Tiles::Br, Tiles::Bc, Tiles::bytes,
-                       "e4m3, scales per 64 rows, Br=%d Bc=%d stages=%d, %d consumer warpgroups, %s, %s, persistent grid, L2 sections of %d heads",
-                       Tiles::Br, Tiles::Bc, Tiles::STAGES, Tiles::NWARPGROUPS, Tiles::PINGPONG ? "turns" : "no turns",
+                       "e4m3, scales per 64 rows, Br=%d Bc=%d stages=%d, %d consumer warpgroups, %s%s, %s, persistent grid, L2 sections of %d heads",
+                       Tiles::Br, Tiles::Bc, Tiles::STAGES, Tiles::NWARPGROUPS, Tiles::V_IN_SMEM ? "V transposed in shared memory, " : "",
+                       Tiles::PINGPONG ? "turns" : "no turns",
                        Tiles::OVERLAP ? "softmax under P V" : Tiles::TURNED ? "softmax after P V" : "not turned",
                        section_heads(sh, dev.l2_bytes));
 }
