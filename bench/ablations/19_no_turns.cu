@@ -1,0 +1,16 @@
+/* 19_no_turns.cu: stage 19 without the turns (PINGPONG = 0) at d = 64 and 128, the loop still
+ * turned and the softmax still under the same warpgroup's P V: the two (three) consumer warpgroups
+ * issue their wgmma whenever they are ready, as stage 12's do. In FP8 a warpgroup's two matmuls
+ * take about as long as its softmax, so a turn, which makes each warpgroup wait for the other's
+ * issue, may cost more than the MUFU contention it avoids. d = 256 as the stage (no turns there).
+ * Run: make ablations && bench/ablations/19_no_turns --dtype fp8 --batch 4 --heads 16 --seqlen 4096 --dim 128 */
+#include "stages/19_fp8.cu"
+#include "common/ablation.h"
+
+namespace {
+template <int HeadDim>
+struct no_turns : cfg<HeadDim> { static constexpr int PINGPONG = 0; };
+} // namespace
+
+ABLATION(19_no_turns, stage19_desc, "stage19-no-turns", "stage 19 without the turns between warpgroups",
+         forward<no_turns>, NULL, tiles_for<no_turns>)
