@@ -635,9 +635,11 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
          * wgmma reads through: no fence, and no block barrier. */
         auto next_tile = [&](int j) {
             mbar_wait(&full[(it0 + j) % STAGES], ((it0 + j) / STAGES) & 1);
-            /* V_IN_SMEM: and tile j - 1's V_j^T, whose P V the coming turn issues, so that no
-             * warpgroup waits for the transposers inside its turn (issue_pv waits again, at once) */
-            if constexpr (Tiles::V_IN_SMEM)
+            /* V_IN_SMEM, turned: and tile j - 1's V_j^T, whose P V the coming turn issues, so that
+             * no warpgroup waits for the transposers inside its turn (issue_pv waits again, at once).
+             * Not in the loop without turns: it has released tile j - 1's stage by now, and the
+             * stage's next phase could complete before this wait polls it (issue_pv waited anyway) */
+            if constexpr (Tiles::V_IN_SMEM && TURNED)
                 if (j > 0) mbar_wait(&vt_full[(it0 + j - 1) % STAGES], ((it0 + j - 1) / STAGES) & 1);
         };
         /* This warp is done with tile j's ring stage: it has waited for every wgmma that read K_j and
