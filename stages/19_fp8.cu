@@ -495,6 +495,12 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
                 auto load_kv = [&](int j) {
                     const int s = (it0 + j) % STAGES, round = (it0 + j) / STAGES;
                     if (round > 0) mbar_wait(&empty[s], (round - 1) & 1);
+                    /* V_IN_SMEM: and the transposers' phase for that tile, done already (the
+                     * consumers waited for it before their P V), waited on here so that the copy
+                     * over V_raw[s] follows its readers' arrival directly: compute-sanitizer's
+                     * racecheck does not follow the order through the consumers' empty[s] */
+                    if constexpr (Tiles::V_IN_SMEM)
+                        if (round > 0) mbar_wait(&vt_full[s], (round - 1) & 1);
                     if (!issuer) return;
                     mbar_arrive_expect_tx(&full[s], K_TILE + V_TILE); /* K_j and V_j^T: the phase ends when both land */
                     for (int cb = 0; cb < QK / 128; cb++) /* K_j: a box per 128 columns */
