@@ -91,30 +91,32 @@ namespace {
  * step's 32 bytes):
  *
  *   d     consumer WGs  Br   Bc   STAGES  TURNED  turns, overlap  consumer registers        Q_i + ring
- *   64    3             192  128  4       1       yes             160: O 32 + S 64 + P 16   24 + 4 x 24 = 120 KiB
- *   128   2             128  128  4       1       yes             240: O 64 + S 64 + P 16   16 + 4 x 32 = 144 KiB
- *   256   2             128  128  2       0       no              240: O 128 + S 64 + P 16  32 + 2 x 64 = 160 KiB
+ *   64    3             192  128  4       1       no, yes         160: O 32 + S 64 + P 16   24 + 4 x 24 = 120 KiB
+ *   128   2             128  128  4       1       yes, yes        240: O 64 + S 64 + P 16   16 + 4 x 32 = 144 KiB
+ *   256   2             128  128  3       1       no, yes         240: O 128 + S 64 + P 16  32 + 3 x 64 = 224 KiB
  *
- * d = 64:  stage 18's three warpgroups; Q_i and K_j rows of 128 bytes (64 of zeros), V_j^T 64
- *          rows of 128 keys: 16 + 8 KiB a stage.
+ * d = 64:  stage 18's three warpgroups, without the turns; Q_i and K_j rows of 128 bytes (64 of
+ *          zeros), V_j^T 64 rows of 128 keys: 16 + 8 KiB a stage.
  * d = 128: stage 18's loop; the ring one stage deeper, since a stage is half the bytes.
- * d = 256: stage 18's loop without turns, but 128 keys a tile, not 64: V_j^T's rows are keys, and
- *          the 128-byte swizzle wants 128 of them.
+ * d = 256: 128 keys a tile, not stage 18's 64: V_j^T's rows are keys, and the 128-byte swizzle
+ *          wants 128 of them; the loop turned, with the overlap (stage 18's d = 256 has neither),
+ *          and a third stage, since a turned consumer holds two.
  * EARLY_Q everywhere: the epilogue stores O (16-bit) from the accumulators: at d = 128 and 256 Q_i,
  * one byte an element, is half O's 16-bit tile; at d = 64 the padded Q_i would just hold it, but
  * one epilogue serves all three.
- * POLY_EVERY: an eighth at d = 64 (stage 18's), a sixteenth at d = 128, where stage 18 has none: FP8's
- * matmuls take half fp16's time, so MUFU (1056 clocks a round at d = 128) is now level with the
- * tensor cores (1024), not at half of them; none at 256.
+ * POLY_EVERY: a sixteenth at d = 128, where stage 18 has none: FP8's matmuls take half fp16's time,
+ * so MUFU (1056 clocks a round at d = 128) is now level with the tensor cores (1024), not at half of
+ * them; none at 64 (stage 18's eighth measured slower here) and 256.
+ * The turns and the shares are measured choices: note 19, "Tried, and why it lost".
  * Short causal problems at d = 64 take two consumer warpgroups, as in stage 18 (short_causal, below). */
 template <int HeadDim>
 struct cfg;
 template <>
-struct cfg<64> { static constexpr int V_IN_SMEM = 0, HeadDim = 64, NWARPGROUPS = 3, Bc = 128, STAGES = 4, TURNED = 1, PINGPONG = 1, OVERLAP = 1, EARLY_Q = 1, POLY_EVERY = 8; };
+struct cfg<64> { static constexpr int V_IN_SMEM = 0, HeadDim = 64, NWARPGROUPS = 3, Bc = 128, STAGES = 4, TURNED = 1, PINGPONG = 0, OVERLAP = 1, EARLY_Q = 1, POLY_EVERY = 0; };
 template <>
 struct cfg<128> { static constexpr int V_IN_SMEM = 0, HeadDim = 128, NWARPGROUPS = 2, Bc = 128, STAGES = 4, TURNED = 1, PINGPONG = 1, OVERLAP = 1, EARLY_Q = 1, POLY_EVERY = 16; };
 template <>
-struct cfg<256> { static constexpr int V_IN_SMEM = 0, HeadDim = 256, NWARPGROUPS = 2, Bc = 128, STAGES = 2, TURNED = 0, PINGPONG = 0, OVERLAP = 0, EARLY_Q = 1, POLY_EVERY = 0; };
+struct cfg<256> { static constexpr int V_IN_SMEM = 0, HeadDim = 256, NWARPGROUPS = 2, Bc = 128, STAGES = 3, TURNED = 1, PINGPONG = 0, OVERLAP = 1, EARLY_Q = 1, POLY_EVERY = 0; };
 /* Stage 18's rule for short causal problems at d = 64: a Q tile of 192 rows reaches far past the
  * diagonal where a head has few tiles (at N = 1024 the 192-row tiles compute 786k scores for the
  * 525k the mask keeps, tiles of 128 rows 590k), so under the mask and for N <= SHORT_CAUSAL_N the
