@@ -64,12 +64,11 @@ static __device__ __forceinline__ void hadamard_lane(float (&v)[HeadDim / 32], c
             }
 #pragma unroll
     for (int m = 1; m < 32; m *= 2) { /* stride m E: the partner lane differs in bit m */
-        const bool upper = lane & m;
+        /* the lower lane keeps v + other, the upper other - v: other + sign v, one FFMA (a select
+         * and an add were two instructions a value, and the pass is bound by issue) */
+        const float sign = lane & m ? -1.f : 1.f;
 #pragma unroll
-        for (int j = 0; j < E; j++) {
-            const float other = __shfl_xor_sync(FULL_MASK, v[j], m);
-            v[j] = upper ? other - v[j] : v[j] + other;
-        }
+        for (int j = 0; j < E; j++) v[j] = fmaf(sign, v[j], __shfl_xor_sync(FULL_MASK, v[j], m));
     }
     const float norm = rsqrtf((float)HeadDim);
 #pragma unroll
