@@ -64,12 +64,11 @@ static __device__ __forceinline__ void hadamard_lane(float (&v)[HeadDim / 32], c
             }
 #pragma unroll
     for (int m = 1; m < 32; m *= 2) { /* stride m E: the partner lane differs in bit m */
-        const bool upper = lane & m;
+        /* the lower lane keeps v + other, the upper other - v: other + sign v, one FFMA (a select
+         * and an add were two instructions a value, and the pass is bound by issue) */
+        const float sign = lane & m ? -1.f : 1.f;
 #pragma unroll
-        for (int j = 0; j < E; j++) {
-            const float other = __shfl_xor_sync(FULL_MASK, v[j], m);
-            v[j] = upper ? other - v[j] : v[j] + other;
-        }
+        for (int j = 0; j < E; j++) v[j] = fmaf(sign, v[j], __shfl_xor_sync(FULL_MASK, v[j], m));
     }
     const float norm = rsqrtf((float)HeadDim);
 #pragma unroll
@@ -108,7 +107,7 @@ static __device__ __forceinline__ void load_halves(const __half *p, float (&v)[E
  * V's bytes go through shared memory, [HeadDim][ROWS] in V^T's order, and leave 16 bytes at a time
  * along each row of V^T: written straight from the warps, a lane's bytes would land in HeadDim / 32
  * rows Npad bytes apart, one byte per row and store. */
-template <int HeadDim, int ROWS, bool HADAMARD, bool TRANSPOSE, int THREADS, int PITCH = HeadDim>
+template <int HeadDim, int ROWS, bool HADAMARD, bool TRANSPOSE, int THREADS, int PITCH = HeadDim, bool IS_V = TRANSPOSE>
 __global__ void __launch_bounds__(THREADS)
 fp8_quantize_kernel(const __half *__restrict__ X, uint8_t *__restrict__ X8, float *__restrict__ scales, int N, int Npad,
                     hadamard_sign_bits signs)
@@ -154,7 +153,7 @@ fp8_quantize_kernel(const __half *__restrict__ X, uint8_t *__restrict__ X8, floa
     /* an all-zero block: its x8 are zeros whatever the scale; 1 for Q and K, but for V a tiny one,
      * since stage 19 folds V's scales into P against the head's largest (SV), which a 1 here would
      * set far above the other blocks' (about max|V| / 448), pushing every P into e4m3's subnormals */
-    const float scale = amax > 0.f ? amax / 448.f : TRANSPOSE ? 0x1p-64f : 1.f, inv = 1.f / scale;
+    const float scale = amax > 0.f ? amax / 448.f : IS_V ? 0x1p-64f : 1.f, inv = 1.f / scale;
     if (threadIdx.x == 0) scales[head * (Npad / ROWS) + blockIdx.x] = scale;
 
 #pragma unroll
