@@ -84,8 +84,7 @@ namespace {
  * wait: all three live at once.
  *
  * The producer warpgroup comes after the consumers, as in stage 18, and gives its registers away
- * (setmaxnreg): 240 registers each for two consumer warpgroups, 160 for three (232 for two where the
- * producer keeps 40, bench/ablations/19_v_in_smem.cu). Every tile is bytes now:
+ * (setmaxnreg): 240 registers each for two consumer warpgroups, 160 for three. Every tile is bytes now:
  * a row of Q_i or K_j is max(d, 128) bytes, a row of V_j^T is Bc = 128 keys, one 128-byte swizzle row, the
  * unit a copy and a wgmma descriptor work in (wgmma.cuh: the 8-bit k32 step is the 16-bit k16
  * step's 32 bytes):
@@ -112,11 +111,11 @@ namespace {
 template <int HeadDim>
 struct cfg;
 template <>
-struct cfg<64> { static constexpr int V_IN_SMEM = 0, HeadDim = 64, NWARPGROUPS = 3, Bc = 128, STAGES = 4, TURNED = 1, PINGPONG = 0, OVERLAP = 1, EARLY_Q = 1, POLY_EVERY = 0; };
+struct cfg<64> { static constexpr int HeadDim = 64, NWARPGROUPS = 3, Bc = 128, STAGES = 4, TURNED = 1, PINGPONG = 0, OVERLAP = 1, EARLY_Q = 1, POLY_EVERY = 0; };
 template <>
-struct cfg<128> { static constexpr int V_IN_SMEM = 0, HeadDim = 128, NWARPGROUPS = 2, Bc = 128, STAGES = 4, TURNED = 1, PINGPONG = 1, OVERLAP = 1, EARLY_Q = 1, POLY_EVERY = 16; };
+struct cfg<128> { static constexpr int HeadDim = 128, NWARPGROUPS = 2, Bc = 128, STAGES = 4, TURNED = 1, PINGPONG = 1, OVERLAP = 1, EARLY_Q = 1, POLY_EVERY = 16; };
 template <>
-struct cfg<256> { static constexpr int V_IN_SMEM = 0, HeadDim = 256, NWARPGROUPS = 2, Bc = 128, STAGES = 3, TURNED = 1, PINGPONG = 0, OVERLAP = 1, EARLY_Q = 1, POLY_EVERY = 0; };
+struct cfg<256> { static constexpr int HeadDim = 256, NWARPGROUPS = 2, Bc = 128, STAGES = 3, TURNED = 1, PINGPONG = 0, OVERLAP = 1, EARLY_Q = 1, POLY_EVERY = 0; };
 /* Stage 18's rule for short causal problems at d = 64: a Q tile of 192 rows reaches far past the
  * diagonal where a head has few tiles (at N = 1024 the 192-row tiles compute 786k scores for the
  * 525k the mask keeps, tiles of 128 rows 590k), so under the mask and for N <= SHORT_CAUSAL_N the
@@ -140,20 +139,15 @@ struct tiles {
     static constexpr bool TURNED = Cfg::TURNED != 0, PINGPONG = Cfg::PINGPONG != 0, OVERLAP = Cfg::OVERLAP != 0;
     static constexpr bool EARLY_Q = Cfg::EARLY_Q != 0;
     static constexpr int POLY_EVERY = Cfg::POLY_EVERY; /* 0, or every POLY_EVERY-th n8 tile by the polynomial */
-    /* V_IN_SMEM (bench/ablations/19_v_in_smem.cu): V copied as the quantization wrote it, [keys][d],
-     * and transposed into V_j^T in shared memory by the producer's three other warps; they need
-     * more registers than the copy-issuing warp's 24 */
-    static constexpr bool V_IN_SMEM = Cfg::V_IN_SMEM != 0;
-    static constexpr int PRODUCER_NREG = V_IN_SMEM ? 40 : PRODUCER_REGS;
     static constexpr int NWARPGROUPS = Cfg::NWARPGROUPS; /* consumer warpgroups */
     static constexpr int NWARPS = 4 * NWARPGROUPS;     /* consumer warps */
     /* the wgmma accumulators give each warp 16 rows of its warpgroup's 64: one m16 row tile */
     static constexpr int M_TILES = 1;
     static constexpr int NTHREADS = NWARPS * WARP_SIZE + WARPGROUP; /* the consumers, then the producer */
     /* setmaxnreg (above): the registers each thread has at launch, and the consumers' share of what
-     * the producer gives back: 240 with two consumer warpgroups, 160 with three (V_IN_SMEM: 232 with two) */
+     * the producer gives back: 240 with two consumer warpgroups, 160 with three */
     static constexpr int LAUNCH_REGS = 65536 / NTHREADS / 8 * 8;
-    static constexpr int CONSUMER_REGS = (LAUNCH_REGS * NTHREADS - PRODUCER_NREG * WARPGROUP) / (NWARPS * WARP_SIZE) / 8 * 8;
+    static constexpr int CONSUMER_REGS = (LAUNCH_REGS * NTHREADS - PRODUCER_REGS * WARPGROUP) / (NWARPS * WARP_SIZE) / 8 * 8;
     /* The named barriers (0 is __syncthreads'): 1 + wg, the epilogue of consumer warpgroup wg (not
      * used with EARLY_Q, whose epilogue does not touch shared memory); then
      * TURN_BAR + wg, warpgroup wg's turn (3 and 4 with two warpgroups; 4, 5 and 6 with three) */
@@ -172,15 +166,11 @@ struct tiles {
     static constexpr size_t K_TILE = (size_t)Bc * QK, V_TILE = (size_t)HeadDim * Bc; /* one K_j, one V_j^T */
     static constexpr size_t K_j = Q_i + (size_t)Br * QK;
     static constexpr size_t V_j = K_j + STAGES * K_TILE;
-    static constexpr size_t V_raw = V_j + STAGES * V_TILE; /* V_IN_SMEM: [STAGES][Bc][HeadDim] as copied */
-    static constexpr size_t full = V_raw + (V_IN_SMEM ? STAGES * V_TILE : 0);
+    static constexpr size_t full = V_j + STAGES * V_TILE;
     static constexpr size_t empty = full + STAGES * sizeof(uint64_t);
     static constexpr size_t Q_full = empty + STAGES * sizeof(uint64_t);
     static constexpr size_t Q_empty = Q_full + sizeof(uint64_t);
-    /* V_IN_SMEM: vt_full[STAGES], stage s's V_j^T transposed; tile_end, the block's tile count */
-    static constexpr size_t vt_full = Q_empty + sizeof(uint64_t);
-    static constexpr size_t tile_end = vt_full + (V_IN_SMEM ? STAGES * sizeof(uint64_t) : 0);
-    static constexpr size_t item_slot = tile_end + (V_IN_SMEM ? sizeof(int) : 0);
+    static constexpr size_t item_slot = Q_empty + sizeof(uint64_t);
     static constexpr size_t bytes = item_slot + sizeof(int);
     static_assert(Br == NWARPGROUPS * 64, "a warpgroup's rows are one wgmma's M, 64");
     static_assert(QK % 128 == 0 && HeadDim % 64 == 0, "the 128-byte swizzle takes rows of whole 128-byte blocks");
@@ -195,8 +185,7 @@ struct tiles {
     static_assert(!PINGPONG || TURNED, "a turn issues P_ij V_j and S_{i,j+1} together and waits for neither");
     static_assert(!OVERLAP || TURNED, "the overlap leaves P_ij V_j running past the next S: a turned loop");
     static_assert(bytes <= SMEM_MAX, "Q_i and the ring fit the shared memory of one block");
-    static_assert(!V_IN_SMEM || HeadDim >= 128, "V's rows copied whole: at least one 128-byte swizzle row");
-    static_assert(PRODUCER_NREG * WARPGROUP + CONSUMER_REGS * NWARPS * WARP_SIZE <= LAUNCH_REGS * NTHREADS,
+    static_assert(PRODUCER_REGS * WARPGROUP + CONSUMER_REGS * NWARPS * WARP_SIZE <= LAUNCH_REGS * NTHREADS,
                   "the consumers take no more registers than the producer gives back");
     static_assert(CONSUMER_REGS <= 256, "setmaxnreg: at most 256 registers per thread");
     static_assert(TURN_BAR + NWARPGROUPS - 1 <= 15, "named barriers 1 .. 15: the epilogue's, the turns'");
@@ -293,57 +282,6 @@ __device__ __forceinline__ void count_moved(Tally &tally, const bool (&moved)[M_
             if (t == 0 && moved[mt][h] && query0 + mt * 16 + 8 * h + g < N) tally.add(CNT_ROW_CORRECT);
 }
 
-/* V_IN_SMEM (bench/ablations/19_v_in_smem.cu): the producer's three other warps (tw = 0, 1, 2)
- * turn each ring stage's V_j, [Bc][HeadDim] bytes as copied (128-byte swizzle, column blocks of
- * 128 like K_j's), into V_j^T, [HeadDim][Bc] in the 128-byte swizzle with the keys permuted
- * (key_of_position), exactly what the quantization kernel otherwise writes to memory. A thread
- * moves 4 x 4 blocks: the keys k0, k0 + 1, k0 + 8, k0 + 9 (k0 = 32 gk + 16 hh + 2 tt, positions
- * p .. p + 3 of V_j^T, p = 32 gk + 16 hh + 4 tt) of channels c .. c + 3: four 4-byte loads, a 4 x 4
- * byte transpose in six byte permutes, four 4-byte stores. Lanes over (tt, hh, cl) keep the loads
- * and stores at two-way bank conflicts. Then each thread fences its stores for the tensor cores
- * (the async proxy) and arrives on vt_full[s]; the consumers wait for it before P_ij V_j. They run
- * through the block's tiles in order, each stage's full[s] phase by phase, until the producer
- * sets tile_end. */
-template <typename Tiles>
-__device__ __forceinline__ void transpose_v(const uint8_t *V_raw, uint8_t *V_buf, uint64_t *full, uint64_t *vt_full,
-                                            int *tile_end, int tw, int lane)
-{
-    constexpr int Bc = Tiles::Bc, HeadDim = Tiles::HeadDim, STAGES = Tiles::STAGES;
-    constexpr unsigned V_TILE = Tiles::V_TILE;
-    constexpr int UNITS = (Bc / 32) * (HeadDim / 16); /* (key group gk, 16 channels) a warp a step */
-    const int tt = lane & 3, hh = (lane >> 2) & 1, cl = lane >> 3;
-    for (int it = 0;; it++) {
-        const int s = it % STAGES;
-        mbar_wait(&full[s], (it / STAGES) & 1);
-        if (it >= atomicAdd(tile_end, 0)) return; /* read as item_slot is, after the wait */
-        const uint8_t *raw = V_raw + s * V_TILE;
-        uint8_t *vt = V_buf + s * V_TILE;
-        for (int u = tw; u < UNITS; u += 3) {
-            const int gk = u / (HeadDim / 16), c = 16 * (u % (HeadDim / 16)) + 4 * cl;
-            const int k0 = 32 * gk + 16 * hh + 2 * tt, p = 32 * gk + 16 * hh + 4 * tt;
-            const uint8_t *col = raw + (c >> 7) * Bc * 128 + (c & 15);
-            uint32_t w[4];
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                const int k = k0 + (q & 1) + 8 * (q >> 1);
-                w[q] = *(const uint32_t *)(col + k * 128 + ((((c & 127) >> 4) ^ (k & 7)) << 4));
-            }
-            /* w[q] holds channels c .. c + 3 of key q; o[i] the four keys of channel c + i */
-            const uint32_t t0 = __byte_perm(w[0], w[1], 0x5140), t1 = __byte_perm(w[0], w[1], 0x7362);
-            const uint32_t t2 = __byte_perm(w[2], w[3], 0x5140), t3 = __byte_perm(w[2], w[3], 0x7362);
-            const uint32_t o[4] = {__byte_perm(t0, t2, 0x5410), __byte_perm(t0, t2, 0x7632),
-                                   __byte_perm(t1, t3, 0x5410), __byte_perm(t1, t3, 0x7632)};
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int r = c + i;
-                *(uint32_t *)(vt + r * 128 + (((p >> 4) ^ (r & 7)) << 4) + (p & 15)) = o[i];
-            }
-        }
-        fence_proxy_async_smem(); /* this thread's stores, before the tensor cores read them */
-        mbar_arrive(&vt_full[s]);
-    }
-}
-
 /* ---- kernel ---- */
 
 /* Cfg: a configuration (above). COUNT: the counting build for --counters (common/cuda/counters.cuh);
@@ -376,9 +314,6 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
                                                                * through Q_i (EARLY_Q: has had its last
                                                                * S = Q K^T): the next Q_i may come */
     int *item_slot = (int *)(smem + Tiles::item_slot); /* the block's next work item, with its Q_i */
-    uint8_t *V_raw = smem + Tiles::V_raw;                    /* V_IN_SMEM: [STAGES][Bc][HeadDim] */
-    uint64_t *vt_full = (uint64_t *)(smem + Tiles::vt_full); /* V_IN_SMEM: [STAGES]: V_j^T transposed */
-    int *tile_end = (int *)(smem + Tiles::tile_end); /* V_IN_SMEM: tiles the block takes */
 
     const int tid = threadIdx.x, warp = tid / WARP_SIZE, lane = tid % WARP_SIZE;
     const int g = lane >> 2, t = lane & 3;      /* groupID, tid_in_group (see mma.cuh) */
@@ -454,24 +389,17 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
      * after the warp's O rows have left through Q_i (EARLY_Q: after its wait for its last S). */
     if (tid == 0) {
         for (int s = 0; s < STAGES; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], NWARPS);
-        if constexpr (Tiles::V_IN_SMEM) {
-            for (int s = 0; s < STAGES; s++) mbar_init(&vt_full[s], 3 * WARP_SIZE);
-            *tile_end = 0x7fffffff; /* not known until the producer's last item (before the block barrier) */
-        }
         mbar_init(Q_full, 1), mbar_init(Q_empty, NWARPS);
         mbar_fence_init(); /* visible to the copy engine, which completes them */
     }
     __syncthreads(); /* the barriers initialized before any thread waits on them or issues a copy;
-                      * the last barrier of the whole block (the producer's idle warps leave, or,
-                      * V_IN_SMEM, transpose V) */
+                      * the last barrier of the whole block (the producer's idle warps leave) */
 
     if (wg == NWARPGROUPS) {
         /* ---- the producer: one warp; its lane 0 issues every copy, takes the items and hands them
          * over with Q_i, the other lanes wait with it (take_item shares the answer by a shuffle);
-         * the rest of the warpgroup leaves (V_IN_SMEM: transposes V, transpose_v) ---- */
-        setmaxnreg_dec<Tiles::PRODUCER_NREG>(); /* the whole warpgroup, together: its registers to the pool */
-        if constexpr (Tiles::V_IN_SMEM)
-            if (warp > NWARPS) { transpose_v<Tiles>(V_raw, V_buf, full, vt_full, tile_end, warp - NWARPS - 1, lane); return; }
+         * the rest of the warpgroup leaves ---- */
+        setmaxnreg_dec<PRODUCER_REGS>(); /* the whole warpgroup, together: its registers to the pool */
         if (warp == NWARPS) {
             const bool issuer = lane == 0;
             if (issuer) tma_prefetch_map(&tmap_Q), tma_prefetch_map(&tmap_K), tma_prefetch_map(&tmap_V);
@@ -480,13 +408,6 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
                 if (w < 0) { /* no more: -1 where the next Q_i would have come (nth > 0: blockIdx.x < items) */
                     mbar_wait(Q_empty, (nth - 1) & 1);
                     if (issuer) atomicExch(item_slot, -1), mbar_arrive(Q_full);
-                    if constexpr (Tiles::V_IN_SMEM) { /* the transposers wait for tile it0, which never
-                                                       * comes: its stage's phase completed empty, after
-                                                       * the count that tells them to stop */
-                        const int s = it0 % STAGES, round = it0 / STAGES;
-                        if (round > 0) mbar_wait(&empty[s], (round - 1) & 1);
-                        if (issuer) atomicExch(tile_end, it0), mbar_arrive(&full[s]); /* atomic: as item_slot */
-                    }
                     break;
                 }
                 const work W = work_of(w);
@@ -497,21 +418,12 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
                 auto load_kv = [&](int j) {
                     const int s = (it0 + j) % STAGES, round = (it0 + j) / STAGES;
                     if (round > 0) mbar_wait(&empty[s], (round - 1) & 1);
-                    /* V_IN_SMEM: and the transposers' phase for that tile, done already (the
-                     * consumers waited for it before their P V), waited on here so that the copy
-                     * over V_raw[s] follows its readers' arrival directly: compute-sanitizer's
-                     * racecheck does not follow the order through the consumers' empty[s] */
-                    if constexpr (Tiles::V_IN_SMEM)
-                        if (round > 0) mbar_wait(&vt_full[s], (round - 1) & 1);
                     if (!issuer) return;
                     mbar_arrive_expect_tx(&full[s], K_TILE + V_TILE); /* K_j and V_j^T: the phase ends when both land */
                     for (int cb = 0; cb < QK / 128; cb++) /* K_j: a box per 128 columns */
                         tma_load_3d(K_buf + s * K_TILE + cb * Bc * 128, &tmap_K, &full[s], cb * 128, j * Bc, W.bh);
-                    if constexpr (Tiles::V_IN_SMEM) /* V_j as quantized, [Bc][HeadDim]: like K_j */
-                        for (int cb = 0; cb < HeadDim / 128; cb++)
-                            tma_load_3d(V_raw + s * V_TILE + cb * Bc * 128, &tmap_V, &full[s], cb * 128, j * Bc, W.bh);
-                    else /* V_j^T: one box, its HeadDim rows by the tile's 128 keys */
-                        tma_load_3d(V_buf + s * V_TILE, &tmap_V, &full[s], j * Bc, 0, W.bh);
+                    /* V_j^T: one box, its HeadDim rows by the tile's 128 keys */
+                    tma_load_3d(V_buf + s * V_TILE, &tmap_V, &full[s], j * Bc, 0, W.bh);
                 };
                 /* Q_i's buffer is where the previous item's O rows leave from (the epilogue), so the
                  * nth Q_i waits for the (nth - 1)-th phase of Q_empty. Before that wait, the tiles whose
@@ -641,15 +553,7 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
         /* Tile j's K_j, V_j have landed in ring stage (it0 + j) mod STAGES: the ((it0 + j) / STAGES)-th
          * phase of its full barrier. The copy engine wrote them through the async proxy, the proxy
          * wgmma reads through: no fence, and no block barrier. */
-        auto next_tile = [&](int j) {
-            mbar_wait(&full[(it0 + j) % STAGES], ((it0 + j) / STAGES) & 1);
-            /* V_IN_SMEM, turned: and tile j - 1's V_j^T, whose P V the coming turn issues, so that
-             * no warpgroup waits for the transposers inside its turn (issue_pv waits again, at once).
-             * Not in the loop without turns: it has released tile j - 1's stage by now, and the
-             * stage's next phase could complete before this wait polls it (issue_pv waited anyway) */
-            if constexpr (Tiles::V_IN_SMEM && TURNED)
-                if (j > 0) mbar_wait(&vt_full[(it0 + j - 1) % STAGES], ((it0 + j - 1) / STAGES) & 1);
-        };
+        auto next_tile = [&](int j) { mbar_wait(&full[(it0 + j) % STAGES], ((it0 + j) / STAGES) & 1); };
         /* This warp is done with tile j's ring stage: it has waited for every wgmma that read K_j and
          * V_j. One arrival per warp: the last of the NWARPS frees the stage for tile j + STAGES. */
         auto release = [&](int j) {
@@ -686,7 +590,6 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
         /* O_i += P_ij V_j issued: one m64nDk32 wgmma per k32 step of keys (32 bytes of each row of
          * V_j^T), all in one group */
         auto issue_pv = [&](int j) {
-            if constexpr (Tiles::V_IN_SMEM) mbar_wait(&vt_full[(it0 + j) % STAGES], ((it0 + j) / STAGES) & 1);
             const uint64_t V_j = wgmma_desc_step(V_desc, ((it0 + j) % STAGES) * V_TILE);
             wgmma_hold(O_acc[0]);
             wgmma_hold(P_ij);
@@ -915,8 +818,7 @@ int section_heads(const struct shape *sh, int l2_bytes)
 }
 
 /* The workspace, 256-byte aligned pieces: the work items' counter (zero when allocated, zero again
- * after every call); then Q8 and K8 [B H][Npad][QK], V8^T [B H][d][Npad] (e4m3; V_IN_SMEM: V8,
- * [B H][Npad][d], untransposed), and the three
+ * after every call); then Q8 and K8 [B H][Npad][QK], V8^T [B H][d][Npad] (e4m3), and the three
  * scale arrays [B H][Npad / 64], with Npad = N rounded up to 128 rows and QK = max(d, 128) bytes
  * a row (the quantization writes zeros past N and past d, so a tile never reads another head's
  * rows). */
@@ -963,12 +865,8 @@ int quantize(const struct attn_args *a, const fp8_workspace &w, const hadamard_s
         <<<grid, QUANT_THREADS>>>((const __half *)a->Q, w.Q8, w.qs, sh->N, w.Npad, signs);
     fp8_quantize_kernel<HeadDim, FP8_BLOCK_ROWS, HADAMARD, false, QUANT_THREADS, QK>
         <<<grid, QUANT_THREADS>>>((const __half *)a->K, w.K8, w.ks, sh->N, w.Npad, signs);
-    if constexpr (tiles<Cfg>::V_IN_SMEM) /* V as K, untransposed: the kernel transposes it */
-        fp8_quantize_kernel<HeadDim, FP8_BLOCK_ROWS, false, false, QUANT_THREADS, HeadDim, true>
-            <<<grid, QUANT_THREADS>>>((const __half *)a->V, w.V8t, w.vs, sh->N, w.Npad, signs);
-    else
-        fp8_quantize_kernel<HeadDim, FP8_BLOCK_ROWS, false, true, QUANT_THREADS>
-            <<<grid, QUANT_THREADS>>>((const __half *)a->V, w.V8t, w.vs, sh->N, w.Npad, signs);
+    fp8_quantize_kernel<HeadDim, FP8_BLOCK_ROWS, false, true, QUANT_THREADS>
+        <<<grid, QUANT_THREADS>>>((const __half *)a->V, w.V8t, w.vs, sh->N, w.Npad, signs);
     return 0;
 }
 
@@ -1014,15 +912,11 @@ int launch(const struct attn_args *a, char *why, size_t n)
     const long long blocks = std::min(items, (long long)dev.sms);
     const int section = section_heads(sh, dev.l2_bytes);
     /* The tensor maps of the workspace's byte tensors: Q8's boxes Br rows, K8's Bc, V8^T's HeadDim
-     * rows (the dims) by 128 keys (V_IN_SMEM: V8's, as K8's) */
+     * rows (the dims) by 128 keys */
     CUtensorMap tmap_Q, tmap_K, tmap_V;
     if (int rc = tma_map_bytes(&tmap_Q, w.Q8, bh, w.Npad, Tiles::QK, Tiles::Br, why, n)) return rc;
     if (int rc = tma_map_bytes(&tmap_K, w.K8, bh, w.Npad, Tiles::QK, Tiles::Bc, why, n)) return rc;
-    if constexpr (Tiles::V_IN_SMEM) { /* V8 untransposed, [bh][Npad][HeadDim]: boxes as K8's */
-        if (int rc = tma_map_bytes(&tmap_V, w.V8t, bh, w.Npad, HeadDim, Tiles::Bc, why, n)) return rc;
-    } else if (int rc = tma_map_bytes(&tmap_V, w.V8t, bh, HeadDim, w.Npad, HeadDim, why, n)) {
-        return rc;
-    }
+    if (int rc = tma_map_bytes(&tmap_V, w.V8t, bh, HeadDim, w.Npad, HeadDim, why, n)) return rc;
     stage19_fp8_kernel<T, Cfg, COUNT><<<dim3((unsigned)blocks), dim3(Tiles::NTHREADS), smem>>>(
         tmap_Q, tmap_K, tmap_V, w.qs, w.ks, w.vs, w.NB, (T *)a->O, a->L, sh->N, (int)bh, section, sh->causal,
         sh->scale * LOG2E, w.counter, a->counters);
@@ -1071,9 +965,8 @@ int tiles_of(const struct shape *sh, size_t limit, struct tile_config *c)
     struct device_facts dev = {0, 0};
     if (device_facts_of(&dev, unused, sizeof unused)) (void)cudaGetLastError(); /* no device: dev stays 0 */
     return tiles_found(c, Tiles::Br, Tiles::Bc, Tiles::bytes,
-                       "e4m3, scales per 64 rows, Br=%d Bc=%d stages=%d, %d consumer warpgroups, %s%s, %s, persistent grid, L2 sections of %d heads",
-                       Tiles::Br, Tiles::Bc, Tiles::STAGES, Tiles::NWARPGROUPS, Tiles::V_IN_SMEM ? "V transposed in shared memory, " : "",
-                       Tiles::PINGPONG ? "turns" : "no turns",
+                       "e4m3, scales per 64 rows, Br=%d Bc=%d stages=%d, %d consumer warpgroups, %s, %s, persistent grid, L2 sections of %d heads",
+                       Tiles::Br, Tiles::Bc, Tiles::STAGES, Tiles::NWARPGROUPS, Tiles::PINGPONG ? "turns" : "no turns",
                        Tiles::OVERLAP ? "softmax under P V" : Tiles::TURNED ? "softmax after P V" : "not turned",
                        section_heads(sh, dev.l2_bytes));
 }

@@ -107,7 +107,7 @@ static __device__ __forceinline__ void load_halves(const __half *p, float (&v)[E
  * V's bytes go through shared memory, [HeadDim][ROWS] in V^T's order, and leave 16 bytes at a time
  * along each row of V^T: written straight from the warps, a lane's bytes would land in HeadDim / 32
  * rows Npad bytes apart, one byte per row and store. */
-template <int HeadDim, int ROWS, bool HADAMARD, bool TRANSPOSE, int THREADS, int PITCH = HeadDim, bool IS_V = TRANSPOSE>
+template <int HeadDim, int ROWS, bool HADAMARD, bool TRANSPOSE, int THREADS, int PITCH = HeadDim>
 __global__ void __launch_bounds__(THREADS)
 fp8_quantize_kernel(const __half *__restrict__ X, uint8_t *__restrict__ X8, float *__restrict__ scales, int N, int Npad,
                     hadamard_sign_bits signs)
@@ -153,7 +153,7 @@ fp8_quantize_kernel(const __half *__restrict__ X, uint8_t *__restrict__ X8, floa
     /* an all-zero block: its x8 are zeros whatever the scale; 1 for Q and K, but for V a tiny one,
      * since stage 19 folds V's scales into P against the head's largest (SV), which a 1 here would
      * set far above the other blocks' (about max|V| / 448), pushing every P into e4m3's subnormals */
-    const float scale = amax > 0.f ? amax / 448.f : IS_V ? 0x1p-64f : 1.f, inv = 1.f / scale;
+    const float scale = amax > 0.f ? amax / 448.f : TRANSPOSE ? 0x1p-64f : 1.f, inv = 1.f / scale;
     if (threadIdx.x == 0) scales[head * (Npad / ROWS) + blockIdx.x] = scale;
 
 #pragma unroll
