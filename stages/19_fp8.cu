@@ -74,6 +74,8 @@ namespace {
  *                would not make), a wrong result timed to show what free exponentials buy;
  *                -2 (bench/ablations/19_mm_only.cu only): no softmax at all, the scores go into
  *                P V as they are: what the matmuls, the conversions and the pipeline alone take;
+ *                -3 (bench/ablations/19_max_exp.cu only): the row maxima, every exponential on MUFU
+ *                and the sums, but O_i never rescaled: what any online softmax must do;
  *   EARLY_Q      1: each consumer warp frees Q_i for the next work item's as soon as the item's last
  *                S = Q K^T has completed, not after the epilogue, so that the next Q_i is copied
  *                under the item's last P V, softmax and epilogue instead of before the next item's
@@ -259,8 +261,8 @@ __device__ __forceinline__ bool online_softmax_fp8(float (&S)[M_TILES][KT][4], f
                 constexpr int EVERY = POLY_EVERY > 0 ? POLY_EVERY : 1;
                 const bool poly = POLY_EVERY > 0 && nt % EVERY == EVERY - 1;
                 /* POLY_EVERY = -1 (the floor bench/ablations/19_free_exp.cu): no exponential at all */
-                const float p0 = POLY_EVERY < 0 ? fabsf(x0) : poly ? exp2_poly(x0) : exp2_approx(x0);
-                const float p1 = POLY_EVERY < 0 ? fabsf(x1) : poly ? exp2_poly(x1) : exp2_approx(x1);
+                const float p0 = POLY_EVERY == -1 ? fabsf(x0) : poly ? exp2_poly(x0) : exp2_approx(x0);
+                const float p1 = POLY_EVERY == -1 ? fabsf(x1) : poly ? exp2_poly(x1) : exp2_approx(x1);
                 S[mt][nt][2 * h] = p0, S[mt][nt][2 * h + 1] = p1;
                 if (nt < KT / 2) sum0 += p0 + p1;
                 else sum1 += p0 + p1;
@@ -620,7 +622,7 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
              * reads l_i (l_i < 0 never holds), so that it needs every exponential of the tile: with
              * OVERLAP the wait for P V branches on the vote (below), which keeps the softmax above
              * that wait. */
-            const bool rescale = __any_sync(FULL_MASK, any || l_i[0][0] < 0.f || l_i[0][1] < 0.f);
+            const bool rescale = __any_sync(FULL_MASK, (Tiles::POLY_EVERY != -3 && any) || l_i[0][0] < 0.f || l_i[0][1] < 0.f);
             if constexpr (!OVERLAP)
                 if (rescale) scale_rows(O_acc, alpha); /* O_i is ours: rescaled here, by the whole warp or not at all */
             count_moved(tally, moved, q0 + row0, N);
