@@ -5,7 +5,7 @@
 # (the title, "\n" between lines) and note (lines under the panels, or ''; style.gp's line on the
 # nudged markers is added to it).
 load 'style.gp'
-eval terminal(1500, 1300)
+eval terminal(1500, 1450)
 
 set multiplot title heading font ',15'
 set logscale x 2
@@ -20,8 +20,8 @@ do for [d in '64 128'] {
   do for [c in '0 1'] {
     # panels: d = 64 on top, d = 128 below; not causal left, causal right
     x0 = c eq '0' ? 0.07 : 0.56
-    y0 = d eq '64' ? 0.6 : 0.225
-    eval place(x0, x0 + 0.42, y0, y0 + 0.28)
+    y0 = d eq '64' ? 0.61 : 0.26
+    eval place(x0, x0 + 0.42, y0, y0 + 0.26)
     set title sprintf('d = %s, %s', d, c eq '1' ? 'causal' : 'not causal') font ',14'
     # each series nudged sideways a little (style.gp's nudge), so that coinciding markers show
     plot for [i = 1:words(series)] data \
@@ -30,13 +30,13 @@ do for [d in '64 128'] {
   }
 }
 # one key for the four panels, in a strip under them
-eval keystrip(0.005, 0.125)
+eval keystrip(0.005, 0.17)
 set key center center horizontal Left reverse spacing 1.3 samplen 6 box font ',13'
 caption = strlen(note) > 0 ? note . "\n" . nudged : nudged
 # a label's first line sits at its y and the others below it: raise it a line's height (0.015 of
 # the height) for each line past two, so that its last line stays above the key's strip
 lines = 1
 do for [i = 1:strlen(caption)] { if (caption[i:i] eq "\n") { lines = lines + 1 } }
-set label 1 caption at screen 0.5, 0.155 + 0.015 * (lines > 2 ? lines - 2 : 0) center font ',13' tc rgb '#404040' noenhanced
+set label 1 caption at screen 0.5, 0.2 + 0.014 * (lines > 2 ? lines - 2 : 0) center font ',13' tc rgb '#404040' noenhanced
 plot for [i = 1:words(series)] NaN with linespoints ls style(word(series, i)) title field(titles, i)
 unset multiplot

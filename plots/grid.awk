@@ -17,9 +17,10 @@
 #   grid_points(sel)                 the points sel takes that any row has, in order of d, causal,
 #                                    N, into GP[1..n]; returns n
 #   grid_over(x, y, dir, run, sel)   x over y, both from one run: run "" is x's latest over sel
-#   grid_via(x, y, ref, dir, sel)    x over y when no run has both: x / ref in x's latest run over
-#                                    sel, divided by y / ref in y's latest run over sel (ref is
-#                                    torch-flash: each stage against FlashAttention-2 in its own run)
+#   grid_latest_with(s, ref, dir, sel)  the latest run that measured both s and ref at a point of sel
+#   grid_via(x, y, ref, dir, sel)    x over y when no run has both: x / ref in x's latest run with
+#                                    ref over sel, divided by y / ref in y's (ref is torch-flash:
+#                                    each stage against FlashAttention-2 in its own run)
 # Both comparisons return the number of points that have every number they need, and set OV_n
 # (that number), OV_gm (the geometric mean of the ratios), OV_min, OV_max, OV_run (x's run),
 # OV_run_y (y's run), and for i = 1..OV_n: OV_pt[i], OV_x[i] and OV_y[i] (x's and y's TFLOP/s),
@@ -93,6 +94,15 @@ function grid_latest(s, dir, sel,    p, best, run) {
     return run
 }
 
+# the latest run in which s and ref were both measured at some point sel takes ("" if none)
+function grid_latest_with(s, ref, dir, sel,    n, i, j) {
+    n = grid_points(sel)
+    for (i = G_nruns; i >= 1; i--)
+        for (j = 1; j <= n; j++)
+            if (grid_tf(s, dir, G_run[i], GP[j]) != "" && grid_tf(ref, dir, G_run[i], GP[j]) != "") return G_run[i]
+    return ""
+}
+
 function grid_over(x, y, dir, run, sel,    n, i, a, b) {
     ov_start()
     if (run == "") run = grid_latest(x, dir, sel)
@@ -108,7 +118,7 @@ function grid_over(x, y, dir, run, sel,    n, i, a, b) {
 
 function grid_via(x, y, ref, dir, sel,    n, i, a, b, ra, rb) {
     ov_start()
-    OV_run = grid_latest(x, dir, sel); OV_run_y = grid_latest(y, dir, sel)
+    OV_run = grid_latest_with(x, ref, dir, sel); OV_run_y = grid_latest_with(y, ref, dir, sel)
     if (OV_run == "" || OV_run_y == "") return 0
     n = grid_points(sel)
     for (i = 1; i <= n; i++) {

@@ -144,16 +144,18 @@ for csv in "${gpu_csvs[@]}"; do
   # At each point, a stage's latest run: its speedup is taken in that run where stage 4 was
   # measured in it too (grid_over); else each is first divided by torch-flash measured in its own
   # run, and the speedup is the ratio of those ratios (grid_via), so only numbers from one run are
-  # compared. Lines "stage causal N speedup"; the stages taken across runs go to cross.txt.
-  : > "$tmp/cross.txt"
-  csv_awk -f grid.awk -v cross="$tmp/cross.txt" '{ grid_add() }
+  # compared. Lines "stage causal N speedup"; the stages taken across runs go to cross.txt, the
+  # runs every line was drawn from to used.txt.
+  : > "$tmp/cross.txt"; : > "$tmp/used.txt"
+  csv_awk -f grid.awk -v cross="$tmp/cross.txt" -v used="$tmp/used.txt" '{ grid_add() }
     END {
       for (k in G_last) {
         split(k, f, SUBSEP); s = f[1]; split(f[3], p, " ")
         if (s !~ /^stage[0-9]+$/ || s == "stage4" || f[2] != "fwd" || p[1] != 64) continue
         sel = "d=64 causal=" p[2] " n=" p[3]
-        if (grid_over(s, "stage4", "fwd", "", sel)) print s, p[2], p[3], OV_q[1]
-        else if (grid_via(s, "stage4", "torch-flash", "fwd", sel)) { print s, p[2], p[3], OV_q[1]; print s, OV_run, OV_run_y > cross }
+        if (grid_over(s, "stage4", "fwd", "", sel)) { print s, p[2], p[3], OV_q[1]; print s, OV_run > used; print "stage4", OV_run > used }
+        else if (grid_via(s, "stage4", "torch-flash", "fwd", sel)) {
+          print s, p[2], p[3], OV_q[1]; print s, OV_run, OV_run_y > cross; print s, OV_run > used; print "stage4", OV_run_y > used }
       }
     }' "$csv" | sort -k1,1V -k2,2n -k3,3n > "$tmp/speedup.dat"
   paper_csv="$data/anchors/fa2_paper_a100.csv"
@@ -170,7 +172,10 @@ for csv in "${gpu_csvs[@]}"; do
       if grep -q "^$s " "$tmp/cross.txt"; then t="$t †"; fi
       titles="$titles${titles:+|}$t"
     done
-    note=$(sort -u "$tmp/cross.txt" | sort -V | awk '{ if (!($1 in seen)) { seen[$1]; s = s (s == "" ? "" : ", ") "stage " substr($1, 6) " (" $2 ")" }; base = $3 }
+    note=$(sort -u "$tmp/cross.txt" | sort -V | awk '{ if (!($1 in seen)) { seen[$1]; e = "stage " substr($1, 6) " (" $2 ")"
+        # a line of at most about 110 characters (a longer one runs off the image)
+        if (s != "" && length(line) + length(e) > 110) { s = s ",\\n"; line = "" } else if (s != "") s = s ", "
+        s = s e; line = line e ", " }; base = $3 }
       END { if (s != "") printf "† %s measured in another run than stage 4 (%s):\\nspeedup = (stage / torch-flash in its run) ÷ (stage 4 / torch-flash in stage 4'"'"'s run)", s, base }')
     # a stage with rows at d = 64 but no speedup (neither stage 4 nor torch-flash in its run)
     read -r -a unpaired <<< "$(csv_awk -v drawn=" ${series[*]} " '
@@ -202,8 +207,7 @@ for csv in "${gpu_csvs[@]}"; do
     grid_drawn=""
     for s in "${series[@]}"; do if [ "${s#stage}" -ge "${GRID_STAGE#stage}" ]; then grid_drawn=1; fi; done
     why="$why From stage ${GRID_STAGE#stage} on, a block per Q tile\\nas well fills them$([ -n "$grid_drawn" ] && echo ", and the speedup grows with N" || echo " (not measured yet here)"). The paper's figures: FA-2 over FA-1's own CUDA implementation, on an A100 (108 SMs)."
-    runs=$(csv_awk -f grid.awk '{ grid_add() } END { for (k in G_last) { split(k, f, SUBSEP); split(f[3], p, " ")
-      if (f[1] ~ /^stage/ && f[2] == "fwd" && p[1] == 64) print f[1], G_last[k] } }' "$csv" | runs_of | wrap_list 130)
+    runs=$(sort -V "$tmp/used.txt" | runs_of | wrap_list 110) # the runs the lines were drawn from
     heading="Speedup over stage 4 (FA-1), forward, d = 64, $GPU, fp16, B·N = 16k, H = $heads\\nruns (commit): $runs"
     render speedup "${gpu}_speedup" "$(gpstr data "$tmp/speedup.dat")" "$(gpstr series "${series[*]}")" \
       "$(gpstr titles "$titles")" "$(gpstr heading "$heading")" "$(gpstr note "$note")" \

@@ -18,7 +18,8 @@
 # a speedup only against a row of the same commit and machine; the yardstick cpu-blas (unfused
 # through OpenBLAS) named in the footnote where it was measured, with the ratio of stage 3 to it. GPU stages:
 # the grid's shape at that N and d (B = 16384 / N, H = 2048 / d), from bench/data/<gpu>.csv, a
-# stage's latest run (fp16; a stage that runs FP8 alone, stage 19, its fp8 rows, marked so); its
+# stage's latest run that also timed torch-flash there, else its latest run (fp16; a stage that
+# runs FP8 alone, stage 19, its fp8 rows, marked so); its
 # speedup over the stage before it from that run, or, where that stage was not measured in it, the
 # ratio of their ratios to torch-flash, each in its own run (†).
 set -euo pipefail
@@ -65,6 +66,9 @@ table=$(csv_awk -f "$here/grid.awk" -v grid_other_dtypes=1 -v N="$n" -v D="$d" -
   function num(s) { return substr(s, 6) }
   function list(a, n,    i, out) { for (i = 1; i <= n; i++) out = out (i > 1 ? ", " : "") a[i]; return out }
   # a run named in the footnote, with what it measured ("4", "10 backward")
+  # the run a stage'"'"'s row comes from: its latest that also timed torch-flash at the point, so that
+  # the row'"'"'s ratio to FlashAttention-2 is from one run; else its latest (pt: the point, set in END)
+  function with_fa(s, dir,    r) { r = grid_latest_with(s, "torch-flash", dir, pt); return r != "" ? r : grid_latest(s, dir, pt) }
   function credit(r, what) { if (!(r in rs)) { rs[r]; rorder[++nr] = r }; who[r] = who[r] (who[r] == "" ? "" : ", ") what; whon[r]++ }
   FILENAME ~ /labels\.csv$/ { label[get("series")] = get("label"); next }
   # CPU rows at N, d, not causal, by (batch, heads); the shape of the file'"'"'s latest row (at d = 64,
@@ -100,10 +104,10 @@ table=$(csv_awk -f "$here/grid.awk" -v grid_other_dtypes=1 -v N="$n" -v D="$d" -
     }
     for (i = 1; i <= ng; i++) {
       s = gb[i]; p = (i > 1) ? gb[i - 1] : ""
-      r = grid_latest(s, "fwd", pt); rb = grid_latest(s, "bwd", pt)
+      r = with_fa(s, "fwd"); rb = with_fa(s, "bwd")
       # a stage that runs FP8 alone (stage 19): its fp8 rows, series s@fp8, over the stage before in fp16
       sf = s; fp8 = ""
-      if (r == "" && rb == "" && grid_latest(s "@fp8", "fwd", pt) != "") { sf = s "@fp8"; fp8 = " (FP8)"; r = grid_latest(sf, "fwd", pt); anyfp8 = 1 }
+      if (r == "" && rb == "" && grid_latest(s "@fp8", "fwd", pt) != "") { sf = s "@fp8"; fp8 = " (FP8)"; r = with_fa(sf, "fwd"); anyfp8 = 1 }
       if (r == "" && rb == "") { printf "| %s | %s | not measured yet (`make bench`) | – | – | – |\n", num(s), label[s]; continue }
       if (r != "") {
         # × the stage before: from this run, else via torch-flash in each one'"'"'s run

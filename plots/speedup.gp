@@ -48,11 +48,11 @@ plot 1 with lines ls 14 notitle, \
          with linespoints ls style(word(series, i)) notitle
 
 # one key for both panels, in a strip under them, then the caption: why, and the notes
-eval keystrip(0.165, 0.33)
-set key center center vertical Left reverse maxrows 4 spacing 1.3 samplen 6 box font ',13'
-set label 1 why at screen 0.5, 0.115 center font ',13' tc rgb '#202020' noenhanced
+eval keystrip(0.2, 0.375)
+set key center center vertical Left reverse maxrows 7 spacing 1.2 samplen 6 box font ',13'
+set label 1 why at screen 0.5, 0.175 center font ',13' tc rgb '#202020' noenhanced
 caption = strlen(note) > 0 ? note . "\n" . nudged : nudged
-set label 2 caption at screen 0.5, 0.05 center font ',12' tc rgb '#404040' noenhanced
+set label 2 caption at screen 0.5, 0.1 center font ',12' tc rgb '#404040' noenhanced
 plot 1 / 0 with lines ls 14 title 'stage 4 (= 1×)', \
      for [i = 1:words(series)] NaN with linespoints ls style(word(series, i)) title field(titles, i), \
      NaN with linespoints ls style('paper') title 'FA-2 paper, A100: FA-2 over FA-1'
