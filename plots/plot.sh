@@ -142,8 +142,8 @@ for csv in "${gpu_csvs[@]}"; do
 
   # ---- (b) speedup over stage 4 at d = 64 ----
   # At each point, a stage's latest run: its speedup is taken in that run where stage 4 was
-  # measured in it too (grid_over); else each is first divided by torch-flash measured in its own
-  # run, and the speedup is the ratio of those ratios (grid_via), so only numbers from one run are
+  # measured in it too (grid_over); else each is first divided by torch-flash in its latest run
+  # that timed it, and the speedup is the ratio of those ratios (grid_via), so only numbers from one run are
   # compared. Lines "stage causal N speedup"; the stages taken across runs go to cross.txt, the
   # runs every line was drawn from to used.txt.
   : > "$tmp/cross.txt"; : > "$tmp/used.txt"
