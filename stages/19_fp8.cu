@@ -69,13 +69,7 @@ namespace {
  *                softmax while P_ij V_j runs; needs TURNED;
  *   POLY_EVERY   k > 0: the exponentials of every k-th n8 tile of S_ij's columns are computed on the
  *                FMA pipe (exp2_poly, common/cuda/exp2_poly.cuh), the others by MUFU's ex2; 0: all
- *                by MUFU; -1 (the floor ablation bench/ablations/19_free_exp.cu only): none at all,
- *                P = |the exponent| (>= 0, so that l_i's vote never calls for a rescale the stage
- *                would not make), a wrong result timed to show what free exponentials buy;
- *                -2 (bench/ablations/19_mm_only.cu only): no softmax at all, the scores go into
- *                P V as they are: what the matmuls, the conversions and the pipeline alone take;
- *                -3 (bench/ablations/19_max_exp.cu only): the row maxima, every exponential on MUFU
- *                and the sums, but O_i never rescaled: what any online softmax must do;
+ *                by MUFU; or one of the floors' values below (bench/ablations only);
  *   EARLY_Q      1: each consumer warp frees Q_i for the next work item's as soon as the item's last
  *                S = Q K^T has completed, not after the epilogue, so that the next Q_i is copied
  *                under the item's last P V, softmax and epilogue instead of before the next item's
@@ -110,6 +104,14 @@ namespace {
  * them; none at 64 (stage 18's eighth measured slower here) and 256.
  * The turns and the shares are measured choices: note 19, "Tried, and why it lost".
  * Short causal problems at d = 64 take two consumer warpgroups, as in stage 18 (short_causal, below). */
+/* POLY_EVERY's values for the floors, ablations whose output is wrong on purpose, timed with --no-check:
+ * FLOOR_NO_EXP (19_free_exp.cu): no exponential at all, P = |the exponent| (>= 0, so that l_i's vote
+ *   never calls for a rescale the stage would not make): what free exponentials would buy;
+ * FLOOR_NO_SOFTMAX (19_mm_only.cu): no softmax at all, the scores go into P V as they are: what the
+ *   matmuls, the conversions and the pipeline alone take;
+ * FLOOR_NO_RESCALE (19_max_exp.cu): the row maxima, every exponential on MUFU and the sums, but O_i
+ *   never rescaled: what any online softmax must do. */
+constexpr int FLOOR_NO_EXP = -1, FLOOR_NO_SOFTMAX = -2, FLOOR_NO_RESCALE = -3;
 template <int HeadDim>
 struct cfg;
 template <>
@@ -260,9 +262,8 @@ __device__ __forceinline__ bool online_softmax_fp8(float (&S)[M_TILES][KT][4], f
                 const float x1 = fmaf(S[mt][nt][2 * h + 1], c, bias);
                 constexpr int EVERY = POLY_EVERY > 0 ? POLY_EVERY : 1;
                 const bool poly = POLY_EVERY > 0 && nt % EVERY == EVERY - 1;
-                /* POLY_EVERY = -1 (the floor bench/ablations/19_free_exp.cu): no exponential at all */
-                const float p0 = POLY_EVERY == -1 ? fabsf(x0) : poly ? exp2_poly(x0) : exp2_approx(x0);
-                const float p1 = POLY_EVERY == -1 ? fabsf(x1) : poly ? exp2_poly(x1) : exp2_approx(x1);
+                const float p0 = POLY_EVERY == FLOOR_NO_EXP ? fabsf(x0) : poly ? exp2_poly(x0) : exp2_approx(x0);
+                const float p1 = POLY_EVERY == FLOOR_NO_EXP ? fabsf(x1) : poly ? exp2_poly(x1) : exp2_approx(x1);
                 S[mt][nt][2 * h] = p0, S[mt][nt][2 * h + 1] = p1;
                 if (nt < KT / 2) sum0 += p0 + p1;
                 else sum1 += p0 + p1;
@@ -613,7 +614,7 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
 
             bool moved[M_TILES][2] = {};
             bool any = false;
-            if constexpr (Tiles::POLY_EVERY == -2) /* the floor bench/ablations/19_mm_only.cu: no softmax at all */
+            if constexpr (Tiles::POLY_EVERY == FLOOR_NO_SOFTMAX)
                 for (int h = 0; h < 2; h++) alpha[0][h] = 1.f;
             else
                 any = online_softmax_fp8<Tiles::POLY_EVERY>(S_ij, m_i, l_i, alpha, moved, tf.c0, tf.c1, tf.lf0, tf.lf1,
@@ -622,7 +623,7 @@ stage19_fp8_kernel(const __grid_constant__ CUtensorMap tmap_Q, const __grid_cons
              * reads l_i (l_i < 0 never holds), so that it needs every exponential of the tile: with
              * OVERLAP the wait for P V branches on the vote (below), which keeps the softmax above
              * that wait. */
-            const bool rescale = __any_sync(FULL_MASK, (Tiles::POLY_EVERY != -3 && any) || l_i[0][0] < 0.f || l_i[0][1] < 0.f);
+            const bool rescale = __any_sync(FULL_MASK, (Tiles::POLY_EVERY != FLOOR_NO_RESCALE && any) || l_i[0][0] < 0.f || l_i[0][1] < 0.f);
             if constexpr (!OVERLAP)
                 if (rescale) scale_rows(O_acc, alpha); /* O_i is ours: rescaled here, by the whole warp or not at all */
             count_moved(tally, moved, q0 + row0, N);
